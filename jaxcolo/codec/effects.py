@@ -1,0 +1,167 @@
+"""JAX effects and PRNG implementations, by registered name.
+
+An effect travels as its type's name ("module:qualname", or the name it was
+registered under) plus optional state bytes.  Decoding looks the name up in
+jaxcolo's effect registry and among JAX's known effect types; it never imports.
+Effects that carry state must be registered with :func:`register_effect`.
+
+PRNG impls travel by their name in JAX's PRNG registry.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from jax._src import core
+from jax._src import effects as jeffects
+from jax._src.random import prng
+
+import jaxcolo_fb.Effect as fb_effect
+from jaxcolo_fb.LeafKind import LeafKind
+from jaxcolo.codec.core import register_leaf, register_table
+from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.wire import layout
+
+LE = layout(fb_effect)
+
+# name -> (type, to_bytes or None, from_bytes or None); type -> name
+_EFFECTS_BY_NAME: dict[str, tuple] = {}
+_EFFECT_NAMES: dict[type, str] = {}
+
+
+def register_effect(effect_type: type, name: str | None = None, *,
+                    to_bytes: Callable | None = None,
+                    from_bytes: Callable | None = None) -> type:
+    """Make ``effect_type`` serializable under ``name``.
+
+    Effects with state pass ``to_bytes(effect) -> bytes`` and
+    ``from_bytes(bytes) -> effect``; stateless ones need neither (they are
+    rebuilt with their nullary constructor).
+    """
+    if (to_bytes is None) != (from_bytes is None):
+        raise ValueError("pass both to_bytes and from_bytes, or neither")
+    name = name or _qualified(effect_type)
+    old = _EFFECTS_BY_NAME.get(name)
+    if old is not None and old[0] is not effect_type:
+        raise ValueError(f"effect name {name!r} already registered for "
+                         f"{old[0]!r}")
+    _EFFECTS_BY_NAME[name] = (effect_type, to_bytes, from_bytes)
+    _EFFECT_NAMES[effect_type] = name
+    return effect_type
+
+
+def _qualified(t: type) -> str:
+    return f"{t.__module__}:{t.__qualname__}"
+
+
+def _known_effect_types():
+    seen = set()
+    for group in (jeffects.lowerable_effects, jeffects.control_flow_allowed_effects,
+                  jeffects.custom_derivatives_allowed_effects,
+                  jeffects.remat_allowed_effects, jeffects.ordered_effects,
+                  jeffects.partial_eval_jaxpr_custom_rules_allowed_effects
+                  if hasattr(jeffects, "partial_eval_jaxpr_custom_rules_allowed_effects")
+                  else None):
+        for t in getattr(group, "_effect_types", ()) if group is not None else ():
+            if t not in seen:
+                seen.add(t)
+                yield t
+
+
+def _effect_item(eff, path):
+    t = type(eff)
+    name = _EFFECT_NAMES.get(t)
+    if name is not None:
+        to_bytes = _EFFECTS_BY_NAME[name][1]
+        if to_bytes is not None:
+            blob = to_bytes(eff)
+            if not isinstance(blob, (bytes, bytearray)):
+                raise EncodeError(f"to_bytes of effect {name!r} returned "
+                                  f"{type(blob).__name__}", path)
+            return (name, bytes(blob))
+    else:
+        name = _qualified(t)
+    try:
+        same = t() == eff and hash(t()) == hash(eff)
+    except Exception:
+        same = False
+    if not same:
+        raise EncodeError(
+            f"effect {eff!r} carries state; register it with "
+            "jaxcolo.register_effect(type, to_bytes=..., from_bytes=...)", path)
+    return (name, None)
+
+
+def build_effect(writer, builder, item) -> int:
+    name, state = item
+    name_off = builder.CreateString(name)
+    state_off = builder.CreateByteVector(state) if state is not None else 0
+    fb_effect.Start(builder)
+    fb_effect.AddTypeName(builder, name_off)
+    if state_off:
+        fb_effect.AddState(builder, state_off)
+    return fb_effect.End(builder)
+
+
+def effect_type_by_name(name: str):
+    reg = _EFFECTS_BY_NAME.get(name)
+    if reg is not None:
+        return reg
+    for t in _known_effect_types():
+        if _qualified(t) == name:
+            return (t, None, None)
+    return None
+
+
+def decode_effect(reader, t, path):
+    name = t.string(LE.type_name, path, "type_name")
+    if not name:
+        raise PayloadError("effect type name missing", f"{path}.type_name")
+    reg = effect_type_by_name(name)
+    if reg is None:
+        raise PayloadError(
+            f"unknown effect type {name!r}: register it with "
+            "jaxcolo.register_effect", f"{path}.type_name")
+    etype, _, from_bytes = reg
+    state = t.bytes(LE.state, path, "state")
+    try:
+        if from_bytes is not None:
+            return from_bytes(state or b"")
+        if state is not None:
+            raise PayloadError(f"effect {name!r} takes no state",
+                               f"{path}.state")
+        return etype()
+    except PayloadError:
+        raise
+    except Exception as e:
+        raise PayloadError(f"cannot rebuild effect {name!r}: {e!r}",
+                           path) from None
+
+
+def intern_effect(writer, eff, path) -> int:
+    writer.require("effect", path)
+    item = _effect_item(eff, path)
+    return writer.intern("effects", item, item)
+
+
+def intern_prng_impl(writer, impl, path) -> int:
+    writer.require("prng_impl", path)
+    if prng.prngs.get(impl.name) is not impl:
+        raise EncodeError(f"PRNG impl {impl.name!r} is not registered with "
+                          "jax", path)
+    return writer.intern("prng_impls", impl.name, impl.name)
+
+
+def decode_prng_impl(name: str, path: str):
+    impl = prng.prngs.get(name)
+    if impl is None:
+        raise PayloadError(f"PRNG impl {name!r} is not registered here", path)
+    return impl
+
+
+PRNGImpl = prng.PRNGImpl
+
+register_table("effects", build_effect, decode_effect)
+register_leaf((core.Effect,), LeafKind.effect, "effects", intern_effect,
+              subclasses=True)
+register_leaf((PRNGImpl,), LeafKind.prng_impl, "prng_impls", intern_prng_impl)

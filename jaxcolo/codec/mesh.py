@@ -1,0 +1,318 @@
+"""Meshes, abstract meshes, device lists and devices, as device ids.
+
+Concrete devices never travel: a Mesh is its device-id array plus axis names
+and types.  The reading side maps ids to its own devices with a *resolver*
+(default: the devices of this process's JAX backends, by id).  An id the
+resolver does not know is a PayloadError naming the id.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from jax._src import mesh as jmesh
+from jax._src.lib import xla_client as xc
+
+import jaxcolo_fb.AbstractDevice as fb_abstract_device
+import jaxcolo_fb.AbstractMesh as fb_abstract_mesh
+import jaxcolo_fb.DeviceList as fb_device_list
+import jaxcolo_fb.Mesh as fb_mesh
+from jaxcolo_fb.AxisType import AxisType as FbAxisType
+from jaxcolo_fb.LeafKind import LeafKind
+from jaxcolo.codec.core import register_leaf, register_table
+from jaxcolo.codec.pytree import _string_vector
+from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.wire import layout
+
+LM = layout(fb_mesh)
+LA = layout(fb_abstract_mesh)
+LD = layout(fb_abstract_device)
+LL = layout(fb_device_list)
+
+AxisType = jax.sharding.AxisType
+_AXIS_TO_FB = {AxisType.Auto: FbAxisType.Auto,
+               AxisType.Explicit: FbAxisType.Explicit,
+               AxisType.Manual: FbAxisType.Manual}
+_FB_TO_AXIS = {v: k for k, v in _AXIS_TO_FB.items()}
+MAX_MESH_DEVICES = 1 << 24
+
+
+# ---------------------------------------------------------------- resolver
+
+class Resolver:
+    """Maps payload device ids to this process's devices."""
+
+    def __init__(self, lookup, cacheable: bool):
+        self._lookup = lookup
+        self.cacheable = cacheable  # results may be memoized across payloads
+
+    def device(self, device_id: int, path: str):
+        d = self._lookup(device_id)
+        if d is None:
+            raise PayloadError(
+                f"unknown device id {device_id}: the device resolver has no "
+                "such device", path)
+        return d
+
+    def devices(self, ids, path: str) -> list:
+        look = self._lookup
+        out = []
+        for i in ids:
+            d = look(i)
+            if d is None:
+                raise PayloadError(
+                    f"unknown device id {i}: the device resolver has no such "
+                    "device", path)
+            out.append(d)
+        return out
+
+
+_DEFAULT: list = []
+
+
+def default_device_map() -> dict:
+    """All devices this process's JAX backends know, by id."""
+    devs = {}
+    for d in jax.devices():
+        devs[d.id] = d
+    try:
+        for d in jax.devices("cpu"):
+            devs.setdefault(d.id, d)
+    except RuntimeError:
+        pass
+    return devs
+
+
+def make_resolver(device_resolver=None) -> Resolver:
+    """Normalize the ``device_resolver`` argument of ``deserialize``.
+
+    Accepts None (default devices), a Mapping id -> Device, a sequence of
+    devices, or a callable id -> Device (returning None or raising
+    KeyError/LookupError for unknown ids).
+    """
+    if device_resolver is None:
+        if not _DEFAULT:
+            _DEFAULT.append(Resolver(default_device_map().get, True))
+        return _DEFAULT[0]
+    if isinstance(device_resolver, Resolver):
+        return device_resolver
+    if isinstance(device_resolver, Mapping):
+        return Resolver(device_resolver.get, False)
+    if callable(device_resolver):
+        def lookup(i, fn=device_resolver):
+            try:
+                return fn(i)
+            except LookupError:
+                return None
+        return Resolver(lookup, False)
+    try:
+        by_id = {d.id: d for d in device_resolver}
+    except (TypeError, AttributeError):
+        raise TypeError(
+            "device_resolver must be None, a mapping id -> Device, a sequence "
+            f"of devices or a callable; got {type(device_resolver).__name__}"
+        ) from None
+    return Resolver(by_id.get, False)
+
+
+# -------------------------------------------------------------------- mesh
+
+def _axis_types(types_, path):
+    try:
+        return bytes(_AXIS_TO_FB[t] for t in types_)
+    except KeyError as e:
+        raise EncodeError(f"unsupported axis type {e.args[0]!r}", path) from None
+
+
+def _read_axis_types(t, voff, n, path):
+    raw = t.bytes(voff, path, "axis_types") or b""
+    if len(raw) != n:
+        raise PayloadError(f"{len(raw)} axis types for {n} axes",
+                           f"{path}.axis_types")
+    try:
+        return tuple(_FB_TO_AXIS[b] for b in raw)
+    except KeyError as e:
+        raise PayloadError(f"unknown AxisType value {e.args[0]}",
+                           f"{path}.axis_types") from None
+
+
+def _read_axis_names(t, voff, path):
+    names = tuple(t.strings(voff, path, "axis_names"))
+    if len(set(names)) != len(names):
+        raise PayloadError(f"duplicate axis names {names}", f"{path}.axis_names")
+    return names
+
+
+def _mesh_item(mesh):
+    return (np.asarray(mesh.device_ids, np.int64).reshape(-1),
+            tuple(int(s) for s in mesh.devices.shape),
+            tuple(mesh.axis_names), mesh.axis_types)
+
+
+def build_mesh(writer, builder, item) -> int:
+    ids, sizes, names, types_ = item
+    names_off = _string_vector(builder, names)
+    ids_off = builder.CreateNumpyVector(ids)
+    sizes_off = builder.CreateNumpyVector(np.asarray(sizes, np.uint32))
+    types_off = builder.CreateByteVector(_axis_types(types_, "$.meshes"))
+    fb_mesh.Start(builder)
+    fb_mesh.AddDeviceIds(builder, ids_off)
+    fb_mesh.AddAxisSizes(builder, sizes_off)
+    fb_mesh.AddAxisNames(builder, names_off)
+    fb_mesh.AddAxisTypes(builder, types_off)
+    return fb_mesh.End(builder)
+
+
+_MESH_CACHE: dict = {}
+_CACHE_MAX = 512
+
+
+def decode_mesh(reader, t, path):
+    ids = t.ints(LM.device_ids, "i64", path, "device_ids")
+    sizes = t.ints(LM.axis_sizes, "u32", path, "axis_sizes")
+    names = _read_axis_names(t, LM.axis_names, path)
+    types_ = _read_axis_types(t, LM.axis_types, len(names), path)
+    resolver = reader.resolver
+    key = (ids, sizes, names, types_) if resolver.cacheable else None
+    if key is not None:
+        hit = _MESH_CACHE.get(key)
+        if hit is not None:
+            return hit
+    if len(sizes) != len(names):
+        raise PayloadError(f"{len(sizes)} axis sizes for {len(names)} names",
+                           f"{path}.axis_sizes")
+    if math.prod(sizes) != len(ids):
+        raise PayloadError(
+            f"axis sizes {sizes} do not match {len(ids)} device ids",
+            f"{path}.device_ids")
+    if len(set(ids)) != len(ids):
+        raise PayloadError("duplicate device ids in mesh", f"{path}.device_ids")
+    devs = resolver.devices(ids, f"{path}.device_ids")
+    arr = np.empty(len(devs), dtype=object)
+    arr[:] = devs
+    try:
+        mesh = jax.sharding.Mesh(arr.reshape(sizes), names, axis_types=types_)
+    except Exception as e:
+        raise PayloadError(f"invalid mesh: {e}", path) from None
+    if key is not None:
+        if len(_MESH_CACHE) >= _CACHE_MAX:
+            _MESH_CACHE.clear()
+        _MESH_CACHE[key] = mesh
+    return mesh
+
+
+def intern_mesh(writer, mesh, path) -> int:
+    writer.require("mesh", path)
+    return writer.intern_obj("meshes", mesh, _mesh_item)
+
+
+# ----------------------------------------------------------- abstract mesh
+
+def _build_abstract_device(builder, dev) -> int:
+    kind = builder.CreateString(dev.device_kind)
+    platform = builder.CreateString(dev.platform) if dev.platform else 0
+    fb_abstract_device.Start(builder)
+    fb_abstract_device.AddDeviceKind(builder, kind)
+    if dev.num_cores is not None:
+        fb_abstract_device.AddNumCores(builder, dev.num_cores)
+    if platform:
+        fb_abstract_device.AddPlatform(builder, platform)
+    return fb_abstract_device.End(builder)
+
+
+def _decode_abstract_device(t, path):
+    kind = t.string(LD.device_kind, path, "device_kind")
+    if kind is None:
+        raise PayloadError("device_kind missing", f"{path}.device_kind")
+    num_cores = t.scalar(LD.num_cores, "i32", None, path, "num_cores")
+    platform = t.string(LD.platform, path, "platform") or ""
+    return jmesh.AbstractDevice(kind, num_cores, platform)
+
+
+def build_abstract_mesh(writer, builder, am) -> int:
+    names_off = _string_vector(builder, am.axis_names)
+    sizes_off = builder.CreateNumpyVector(np.asarray(am.axis_sizes, np.uint32))
+    types_off = builder.CreateByteVector(
+        _axis_types(am.axis_types, "$.abstract_meshes"))
+    dev_off = (_build_abstract_device(builder, am.abstract_device)
+               if am.abstract_device is not None else 0)
+    fb_abstract_mesh.Start(builder)
+    fb_abstract_mesh.AddAxisSizes(builder, sizes_off)
+    fb_abstract_mesh.AddAxisNames(builder, names_off)
+    fb_abstract_mesh.AddAxisTypes(builder, types_off)
+    if dev_off:
+        fb_abstract_mesh.AddAbstractDevice(builder, dev_off)
+    return fb_abstract_mesh.End(builder)
+
+
+def decode_abstract_mesh(reader, t, path):
+    sizes = t.ints(LA.axis_sizes, "u32", path, "axis_sizes")
+    names = _read_axis_names(t, LA.axis_names, path)
+    types_ = _read_axis_types(t, LA.axis_types, len(names), path)
+    if len(sizes) != len(names):
+        raise PayloadError(f"{len(sizes)} axis sizes for {len(names)} names",
+                           f"{path}.axis_sizes")
+    dev_t = t.table(LA.abstract_device, path, "abstract_device")
+    dev = (_decode_abstract_device(dev_t, f"{path}.abstract_device")
+           if dev_t is not None else None)
+    try:
+        return jmesh.AbstractMesh(sizes, names, types_, abstract_device=dev)
+    except Exception as e:
+        raise PayloadError(f"invalid abstract mesh: {e}", path) from None
+
+
+def intern_abstract_mesh(writer, am, path) -> int:
+    writer.require("mesh", path)
+    return writer.intern_obj("abstract_meshes", am, lambda m: m)
+
+
+# ------------------------------------------------------ device lists/devices
+
+def device_ids_of(devices) -> np.ndarray:
+    return np.fromiter((d.id for d in devices), np.int64)
+
+
+def build_device_list(writer, builder, ids) -> int:
+    off = builder.CreateNumpyVector(ids)
+    fb_device_list.Start(builder)
+    fb_device_list.AddDeviceIds(builder, off)
+    return fb_device_list.End(builder)
+
+
+def decode_device_list(reader, t, path):
+    ids = t.ints(LL.device_ids, "i64", path, "device_ids")
+    if not ids:
+        raise PayloadError("empty device list", f"{path}.device_ids")
+    if len(set(ids)) != len(ids):
+        raise PayloadError("duplicate device ids", f"{path}.device_ids")
+    devs = reader.resolver.devices(ids, f"{path}.device_ids")
+    try:
+        return xc.DeviceList(tuple(devs))
+    except Exception as e:
+        raise PayloadError(f"invalid device list: {e}", path) from None
+
+
+def intern_device_list(writer, devices, path) -> int:
+    writer.require("device_list", path)
+    ids = device_ids_of(devices)
+    return writer.intern("device_lists", ids.tobytes(), ids)
+
+
+def intern_device(writer, device, path) -> int:
+    writer.require("device_list", path)
+    return writer.intern("devices", device.id, device.id)
+
+
+register_table("meshes", build_mesh, decode_mesh)
+register_table("abstract_meshes", build_abstract_mesh, decode_abstract_mesh)
+register_table("device_lists", build_device_list, decode_device_list)
+register_leaf((jax.sharding.Mesh,), LeafKind.mesh, "meshes", intern_mesh)
+register_leaf((jmesh.AbstractMesh,), LeafKind.abstract_mesh, "abstract_meshes",
+              intern_abstract_mesh)
+register_leaf((xc.DeviceList,), LeafKind.device_list, "device_lists",
+              intern_device_list)
+register_leaf((xc.Device,), LeafKind.device, "devices", intern_device,
+              subclasses=True)

@@ -1,0 +1,409 @@
+"""PyTreeDefs in flat preorder form.
+
+Built-in nodes (None, tuple, list, dict, namedtuple, OrderedDict, defaultdict)
+are encoded natively.  Other node types go through one registry: the one users
+already fill with ``jax.export.register_pytree_node_serialization`` /
+``register_namedtuple_serialization``.  Decoding never imports a module: an
+unregistered namedtuple is resolved only among modules already imported.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import types
+
+import numpy as np
+from jax._src import tree_util as jtu
+from jax._src.export import _export as jexport
+
+import jaxcolo_fb.NodeData as fb_node_data
+import jaxcolo_fb.PyTreeDef as fb_pytree
+from jaxcolo_fb.KeyKind import KeyKind
+from jaxcolo_fb.LeafKind import LeafKind
+from jaxcolo_fb.NodeKind import NodeKind
+from jaxcolo.codec.core import register_leaf, register_table
+from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.wire import layout
+
+L = layout(fb_pytree)
+LD = layout(fb_node_data)
+
+PyTreeDef = jtu.PyTreeDef
+_LEAF = jtu.tree_structure(0)
+_NONE = jtu.tree_structure(None)
+_REGISTRY = jtu.default_registry
+_make = PyTreeDef.from_node_data_and_children
+MAX_DEPTH = 512  # nesting deeper than this is rejected as absurd
+
+_NODE_KIND_MAX = NodeKind.custom
+_WITH_DATA = frozenset((NodeKind.dict, NodeKind.namedtuple,
+                        NodeKind.ordered_dict, NodeKind.default_dict,
+                        NodeKind.custom))
+
+
+def _is_namedtuple(t) -> bool:
+    return (isinstance(t, type) and issubclass(t, tuple)
+            and isinstance(getattr(t, "_fields", None), tuple))
+
+
+def _qualified(obj) -> str:
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def _resolve_imported(name: str):
+    """The object named "module:qualname" if its module is already imported."""
+    module_name, _, qualname = name.partition(":")
+    obj = sys.modules.get(module_name)
+    if obj is None or not qualname:
+        return None
+    for part in qualname.split("."):
+        obj = vars(obj).get(part) if hasattr(obj, "__dict__") else None
+        if obj is None:
+            return None
+    return obj
+
+
+# ------------------------------------------------------------------ encode
+
+class FlatTree:
+    """A PyTreeDef flattened to the wire's preorder arrays."""
+
+    __slots__ = ("kinds", "arities", "node_data")
+
+    def __init__(self):
+        self.kinds = bytearray()
+        self.arities: list[int] = []
+        self.node_data: list[tuple] = []
+
+
+def _keys(keys, path):
+    if all(type(k) is str for k in keys):
+        return KeyKind.str if keys else KeyKind.none, list(keys)
+    if all(type(k) is int for k in keys):
+        return KeyKind.int, list(keys)
+    raise EncodeError(
+        f"dict keys must all be str or all be int to serialize, got "
+        f"{[type(k).__name__ for k in keys]}", path)
+
+
+def _flatten_node(td, out: FlatTree, path: str) -> None:
+    nd = td.node_data()
+    if nd is None:
+        out.kinds.append(NodeKind.leaf)
+        return
+    t, aux = nd
+    children = td.children()
+    if t is type(None):
+        out.kinds.append(NodeKind.none)
+        return
+    if t is tuple:
+        out.kinds.append(NodeKind.tuple)
+    elif t is list:
+        out.kinds.append(NodeKind.list)
+    elif t is dict:
+        out.kinds.append(NodeKind.dict)
+        out.node_data.append(("keys", *_keys(aux, path)))
+    elif t is collections.OrderedDict:
+        out.kinds.append(NodeKind.ordered_dict)
+        out.node_data.append(("keys", *_keys(aux, path)))
+    elif t is collections.defaultdict:
+        factory, keys = aux
+        out.kinds.append(NodeKind.default_dict)
+        out.node_data.append(("defaultdict", *_keys(keys, path),
+                              _factory_name(factory, path)))
+    elif t in jexport.serialization_registry and not _is_namedtuple(t):
+        name, ser = jexport.serialization_registry[t]
+        try:
+            blob = ser(aux)
+        except Exception as e:
+            raise EncodeError(
+                f"auxdata serializer of {t.__name__} ({name!r}) raised {e!r}",
+                path) from e
+        if not isinstance(blob, (bytes, bytearray)):
+            raise EncodeError(
+                f"auxdata serializer of {t.__name__} returned "
+                f"{type(blob).__name__}, expected bytes", path)
+        out.kinds.append(NodeKind.custom)
+        out.node_data.append(("custom", name, bytes(blob)))
+    elif _is_namedtuple(t):
+        reg = jexport.serialization_registry.get(t)
+        name = reg[0] if reg is not None else _qualified(t)
+        out.kinds.append(NodeKind.namedtuple)
+        out.node_data.append(("namedtuple", name, list(t._fields)))
+    else:
+        raise EncodeError(
+            f"cannot serialize a PyTreeDef with node type {t!r}: register it "
+            "with jax.export.register_pytree_node_serialization (or "
+            "register_namedtuple_serialization)", path)
+    out.arities.append(len(children))
+    for c in children:
+        _flatten_node(c, out, path)
+
+
+def _factory_name(factory, path) -> str:
+    if factory is None:
+        return ""
+    name = _qualified(factory) if hasattr(factory, "__qualname__") else None
+    if name is None or _resolve_imported(name) is not factory:
+        raise EncodeError(
+            f"defaultdict default_factory {factory!r} must be a named "
+            "module-level callable", path)
+    return name
+
+
+_FLAT_CACHE: dict = {}
+_FLAT_CACHE_MAX = 1024
+
+
+def flatten_treedef(td, path: str = "$") -> FlatTree:
+    """The preorder arrays of ``td`` (memoized: treedefs repeat in practice)."""
+    try:
+        hit = _FLAT_CACHE.get(td)
+    except TypeError:  # auxdata not hashable
+        hit = None
+    if hit is not None:
+        return hit
+    out = FlatTree()
+    _flatten_node(td, out, path)
+    try:
+        if len(_FLAT_CACHE) >= _FLAT_CACHE_MAX:
+            _FLAT_CACHE.clear()
+        _FLAT_CACHE[td] = out
+    except TypeError:
+        pass
+    return out
+
+
+def build_treedef(builder, flat: FlatTree) -> int:
+    data_offs = [_build_node_data(builder, d) for d in flat.node_data]
+    kinds = builder.CreateByteVector(bytes(flat.kinds))
+    arities = (builder.CreateNumpyVector(np.asarray(flat.arities, np.uint32))
+               if flat.arities else 0)
+    nd = 0
+    if data_offs:
+        fb_pytree.StartNodeDataVector(builder, len(data_offs))
+        for off in reversed(data_offs):
+            builder.PrependUOffsetTRelative(off)
+        nd = builder.EndVector()
+    fb_pytree.Start(builder)
+    fb_pytree.AddKinds(builder, kinds)
+    if arities:
+        fb_pytree.AddArities(builder, arities)
+    if nd:
+        fb_pytree.AddNodeData(builder, nd)
+    return fb_pytree.End(builder)
+
+
+def _string_vector(builder, strings) -> int:
+    offs = [builder.CreateString(s) for s in strings]
+    builder.StartVector(4, len(offs), 4)
+    for off in reversed(offs):
+        builder.PrependUOffsetTRelative(off)
+    return builder.EndVector()
+
+
+def _build_node_data(builder, d) -> int:
+    tag = d[0]
+    str_keys = int_keys = name = fields = aux = 0
+    key_kind = KeyKind.none
+    if tag in ("keys", "defaultdict"):
+        key_kind, keys = d[1], d[2]
+        if key_kind == KeyKind.str:
+            str_keys = _string_vector(builder, keys)
+        elif key_kind == KeyKind.int:
+            int_keys = builder.CreateNumpyVector(np.asarray(keys, np.int64))
+        if tag == "defaultdict":
+            name = builder.CreateString(d[3])
+    elif tag == "namedtuple":
+        name = builder.CreateString(d[1])
+        fields = _string_vector(builder, d[2])
+    else:  # custom
+        name = builder.CreateString(d[1])
+        aux = builder.CreateByteVector(d[2])
+    fb_node_data.Start(builder)
+    if key_kind:
+        fb_node_data.AddKeyKind(builder, key_kind)
+    for add, off in ((fb_node_data.AddStrKeys, str_keys),
+                     (fb_node_data.AddIntKeys, int_keys),
+                     (fb_node_data.AddName, name),
+                     (fb_node_data.AddFields, fields),
+                     (fb_node_data.AddAuxdata, aux)):
+        if off:
+            add(builder, off)
+    return fb_node_data.End(builder)
+
+
+# ------------------------------------------------------------------ decode
+
+def decode_treedef(t, path: str):
+    """Rebuild a PyTreeDef from its table, checking every count and key."""
+    kinds = t.bytes(L.kinds, path, "kinds") or b""
+    arities = t.ints(L.arities, "u32", path, "arities")
+    data_pos = t.tables(L.node_data, path, "node_data")
+    if not kinds:
+        raise PayloadError("empty PyTreeDef", f"{path}.kinds")
+    if len(kinds) == 1 and kinds[0] == NodeKind.leaf:
+        return _LEAF
+    state = _DecodeState(t.buf, kinds, arities, data_pos, path)
+    td = state.node(0)
+    if state.k != len(kinds):
+        raise PayloadError(
+            f"{len(kinds) - state.k} trailing nodes after the tree",
+            f"{path}.kinds")
+    if state.a != len(arities) or state.d != len(data_pos):
+        raise PayloadError("arities/node_data not fully consumed", path)
+    return td
+
+
+class _DecodeState:
+    __slots__ = ("buf", "kinds", "arities", "data_pos", "path", "k", "a", "d")
+
+    def __init__(self, buf, kinds, arities, data_pos, path):
+        self.buf = buf
+        self.kinds = kinds
+        self.arities = arities
+        self.data_pos = data_pos
+        self.path = path
+        self.k = self.a = self.d = 0
+
+    def node(self, depth):
+        if depth > MAX_DEPTH:
+            raise PayloadError(f"pytree nesting deeper than {MAX_DEPTH}",
+                               f"{self.path}.kinds[{self.k}]")
+        k = self.k
+        if k >= len(self.kinds):
+            raise PayloadError("node list ends inside the tree",
+                               f"{self.path}.kinds")
+        kind = self.kinds[k]
+        self.k = k + 1
+        if kind == NodeKind.leaf:
+            return _LEAF
+        if kind == NodeKind.none:
+            return _NONE
+        if kind > _NODE_KIND_MAX:
+            raise PayloadError(f"unknown NodeKind value {kind}",
+                               f"{self.path}.kinds[{k}]")
+        if self.a >= len(self.arities):
+            raise PayloadError("missing arity", f"{self.path}.arities")
+        n = self.arities[self.a]
+        self.a += 1
+        if n > len(self.kinds) - self.k:
+            raise PayloadError(f"arity {n} exceeds the remaining nodes",
+                               f"{self.path}.arities[{self.a - 1}]")
+        data = None
+        if kind in _WITH_DATA:
+            if self.d >= len(self.data_pos):
+                raise PayloadError("missing node data",
+                                   f"{self.path}.node_data")
+            dpath = f"{self.path}.node_data[{self.d}]"
+            data = self.buf.table_at(self.data_pos[self.d], dpath)
+            self.d += 1
+        children = [self.node(depth + 1) for _ in range(n)]
+        if kind == NodeKind.tuple:
+            return _make(_REGISTRY, (tuple, None), children)
+        if kind == NodeKind.list:
+            return _make(_REGISTRY, (list, None), children)
+        return _node_with_data(kind, data, children, dpath)
+
+
+def _read_keys(t, n, path, *, need_sorted):
+    key_kind = t.scalar(LD.key_kind, "u8", 0, path, "key_kind")
+    if key_kind == KeyKind.str:
+        keys = t.strings(LD.str_keys, path, "str_keys")
+    elif key_kind == KeyKind.int:
+        keys = list(t.ints(LD.int_keys, "i64", path, "int_keys"))
+    elif key_kind == KeyKind.none:
+        keys = []
+    else:
+        raise PayloadError(f"unknown KeyKind value {key_kind}",
+                           f"{path}.key_kind")
+    if len(keys) != n:
+        raise PayloadError(f"{len(keys)} keys for {n} children", path)
+    if len(set(keys)) != n:
+        raise PayloadError("duplicate dict keys", path)
+    if need_sorted and keys != sorted(keys):
+        raise PayloadError("dict keys are not in sorted order", path)
+    return keys
+
+
+def _node_with_data(kind, t, children, path):
+    n = len(children)
+    if kind == NodeKind.dict:
+        return _make(_REGISTRY, (dict, _read_keys(t, n, path, need_sorted=True)),
+                     children)
+    if kind == NodeKind.ordered_dict:
+        keys = _read_keys(t, n, path, need_sorted=False)
+        return _make(_REGISTRY, (collections.OrderedDict, tuple(keys)), children)
+    if kind == NodeKind.default_dict:
+        keys = _read_keys(t, n, path, need_sorted=True)
+        fname = t.string(LD.name, path, "name") or ""
+        factory = None
+        if fname:
+            factory = _resolve_imported(fname)
+            if factory is None or not callable(factory):
+                raise PayloadError(
+                    f"defaultdict factory {fname!r} is not available",
+                    f"{path}.name")
+        return _make(_REGISTRY, (collections.defaultdict, (factory, tuple(keys))),
+                     children)
+    name = t.string(LD.name, path, "name")
+    if not name:
+        raise PayloadError("node type name missing", f"{path}.name")
+    if kind == NodeKind.namedtuple:
+        fields = tuple(t.strings(LD.fields, path, "fields"))
+        nt = _lookup_namedtuple(name, path)
+        if nt._fields != fields or len(fields) != n:
+            raise PayloadError(
+                f"namedtuple {name!r} has fields {nt._fields}, the payload "
+                f"has {fields} with {n} children", f"{path}.fields")
+        return _make(_REGISTRY, (nt, None), children)
+    # custom
+    reg = jexport.deserialization_registry.get(name)
+    if reg is None:
+        raise PayloadError(
+            f"pytree node type {name!r} is not registered here (use "
+            "jax.export.register_pytree_node_serialization)", f"{path}.name")
+    nodetype, deser, _ = reg
+    blob = t.bytes(LD.auxdata, path, "auxdata") or b""
+    try:
+        aux = deser(blob)
+    except Exception as e:
+        raise PayloadError(f"auxdata of {name!r} could not be decoded: {e!r}",
+                           f"{path}.auxdata") from None
+    try:
+        return _make(_REGISTRY, (nodetype, aux), children)
+    except Exception as e:
+        raise PayloadError(f"cannot rebuild node {name!r}: {e}",
+                           path) from None
+
+
+def _lookup_namedtuple(name, path):
+    reg = jexport.deserialization_registry.get(name)
+    nt = reg[0] if reg is not None else _resolve_imported(name)
+    if not _is_namedtuple(nt):
+        raise PayloadError(
+            f"namedtuple type {name!r} is neither registered (jax.export."
+            "register_namedtuple_serialization) nor defined in an imported "
+            "module", f"{path}.name")
+    return nt
+
+
+# A PyTreeDef as a leaf of a spec tree.
+
+def _build_treedef_entry(writer, builder, flat):
+    return build_treedef(builder, flat)
+
+
+def _decode_treedef_entry(reader, t, path):
+    return decode_treedef(t, path)
+
+
+def _intern_treedef(writer, td, path):
+    writer.require("pytree", path)
+    flat = flatten_treedef(td, path)
+    return writer.intern_obj("treedefs", td, lambda _: flat)
+
+
+register_table("treedefs", _build_treedef_entry, _decode_treedef_entry)
+register_leaf((PyTreeDef,), LeafKind.treedef, "treedefs", _intern_treedef)

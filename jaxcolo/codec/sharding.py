@@ -1,0 +1,274 @@
+"""PartitionSpecs and shardings: NamedSharding (over a Mesh or an
+AbstractMesh), SingleDeviceSharding, GSPMDSharding and bare HloShardings.
+
+Shardings reference meshes, partition specs, device lists and HLO shardings by
+index into their unique tables, so a sharding shared by a thousand leaves is
+stored once.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax._src import mesh as jmesh
+from jax._src import sharding_impls
+from jax._src.lib import xla_client as xc
+
+import jaxcolo_fb.HloSharding as fb_hlo
+import jaxcolo_fb.PartitionSpec as fb_spec
+import jaxcolo_fb.Sharding as fb_sharding
+from jaxcolo_fb.LeafKind import LeafKind
+from jaxcolo_fb.ShardingKind import ShardingKind
+from jaxcolo_fb.SpecEntry import SpecEntry
+from jaxcolo.codec.core import register_leaf, register_table
+from jaxcolo.codec.mesh import intern_abstract_mesh, intern_device_list, \
+    intern_mesh
+from jaxcolo.codec.pytree import _string_vector
+from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.wire import layout
+
+LP = layout(fb_spec)
+LS = layout(fb_sharding)
+LH = layout(fb_hlo)
+
+P = jax.sharding.PartitionSpec
+UNCONSTRAINED = P.UNCONSTRAINED
+NamedSharding = jax.sharding.NamedSharding
+SingleDeviceSharding = jax.sharding.SingleDeviceSharding
+GSPMDSharding = sharding_impls.GSPMDSharding
+
+
+# ------------------------------------------------------------ partition spec
+
+def _spec_item(spec, path):
+    entries, counts, names = bytearray(), [], []
+    for e in spec._partitions:
+        if e is None:
+            entries.append(SpecEntry.none)
+        elif e is UNCONSTRAINED:
+            entries.append(SpecEntry.unconstrained)
+        elif isinstance(e, str):
+            entries.append(SpecEntry.axis)
+            names.append(e)
+        elif isinstance(e, tuple) and all(isinstance(a, str) for a in e):
+            entries.append(SpecEntry.axes)
+            counts.append(len(e))
+            names.extend(e)
+        else:
+            raise EncodeError(f"unsupported PartitionSpec entry {e!r}", path)
+    return (bytes(entries), counts, names, sorted(spec.reduced),
+            sorted(spec.unreduced))
+
+
+def build_partition_spec(writer, builder, item) -> int:
+    entries, counts, names, reduced, unreduced = item
+    names_off = _string_vector(builder, names) if names else 0
+    red_off = _string_vector(builder, reduced) if reduced else 0
+    unred_off = _string_vector(builder, unreduced) if unreduced else 0
+    counts_off = (builder.CreateNumpyVector(np.asarray(counts, np.uint32))
+                  if counts else 0)
+    entries_off = builder.CreateByteVector(entries)
+    fb_spec.Start(builder)
+    fb_spec.AddEntries(builder, entries_off)
+    for add, off in ((fb_spec.AddAxesCounts, counts_off),
+                     (fb_spec.AddAxisNames, names_off),
+                     (fb_spec.AddReduced, red_off),
+                     (fb_spec.AddUnreduced, unred_off)):
+        if off:
+            add(builder, off)
+    return fb_spec.End(builder)
+
+
+_SPEC_CACHE: dict = {}
+
+
+def decode_partition_spec(reader, t, path):
+    entries = t.bytes(LP.entries, path, "entries") or b""
+    counts = t.ints(LP.axes_counts, "u32", path, "axes_counts")
+    names = t.strings(LP.axis_names, path, "axis_names")
+    reduced = t.strings(LP.reduced, path, "reduced")
+    unreduced = t.strings(LP.unreduced, path, "unreduced")
+    key = (entries, counts, tuple(names), tuple(reduced), tuple(unreduced))
+    hit = _SPEC_CACHE.get(key)
+    if hit is not None:
+        return hit
+    parts, ni, ci = [], 0, 0
+    for i, e in enumerate(entries):
+        if e == SpecEntry.none:
+            parts.append(None)
+        elif e == SpecEntry.unconstrained:
+            parts.append(UNCONSTRAINED)
+        elif e == SpecEntry.axis:
+            if ni >= len(names):
+                raise PayloadError("axis name list too short",
+                                   f"{path}.axis_names")
+            parts.append(names[ni])
+            ni += 1
+        elif e == SpecEntry.axes:
+            if ci >= len(counts):
+                raise PayloadError("axes count missing", f"{path}.axes_counts")
+            c = counts[ci]
+            ci += 1
+            if ni + c > len(names):
+                raise PayloadError("axis name list too short",
+                                   f"{path}.axis_names")
+            parts.append(tuple(names[ni:ni + c]))
+            ni += c
+        else:
+            raise PayloadError(f"unknown SpecEntry value {e}",
+                               f"{path}.entries[{i}]")
+    if ni != len(names) or ci != len(counts):
+        raise PayloadError("unused axis names or counts", path)
+    try:
+        spec = P(*parts, reduced=frozenset(reduced),
+                 unreduced=frozenset(unreduced))
+    except Exception as e:
+        raise PayloadError(f"invalid PartitionSpec: {e}", path) from None
+    if len(_SPEC_CACHE) > 1024:
+        _SPEC_CACHE.clear()
+    _SPEC_CACHE[key] = spec
+    return spec
+
+
+def intern_partition_spec(writer, spec, path) -> int:
+    writer.require("partition_spec", path)
+    return writer.intern_obj("partition_specs", spec,
+                             lambda s: _spec_item(s, path))
+
+
+# -------------------------------------------------------------- hlo sharding
+
+def _hlo_bytes(hlo) -> bytes:
+    return hlo.to_proto().SerializeToString()
+
+
+def build_hlo_sharding(writer, builder, blob) -> int:
+    off = builder.CreateByteVector(blob)
+    fb_hlo.Start(builder)
+    fb_hlo.AddOpSharding(builder, off)
+    return fb_hlo.End(builder)
+
+
+def decode_hlo_sharding(reader, t, path):
+    blob = t.bytes(LH.op_sharding, path, "op_sharding") or b""
+    try:
+        proto = xc.OpSharding()
+        proto.ParseFromString(blob)
+        return xc.HloSharding.from_proto(proto)
+    except Exception as e:
+        raise PayloadError(f"invalid OpSharding proto: {e}",
+                           f"{path}.op_sharding") from None
+
+
+def intern_hlo_sharding(writer, hlo, path) -> int:
+    writer.require("hlo_sharding", path)
+    blob = _hlo_bytes(hlo)
+    return writer.intern("hlo_shardings", blob, blob)
+
+
+# ----------------------------------------------------------------- sharding
+
+def _named_item(writer, s, path):
+    mesh = s.mesh
+    if isinstance(mesh, jax.sharding.Mesh):
+        mesh_ref, amesh_ref = 1 + intern_mesh(writer, mesh, path + ".mesh"), 0
+    elif isinstance(mesh, jmesh.AbstractMesh):
+        mesh_ref = 0
+        amesh_ref = 1 + intern_abstract_mesh(writer, mesh, path + ".mesh")
+    else:
+        raise EncodeError(f"unsupported mesh type {type(mesh).__name__}", path)
+    spec_ref = intern_partition_spec(writer, s.spec, path + ".spec")
+    if getattr(s, "_logical_device_ids", None) is not None:
+        raise EncodeError("NamedSharding with _logical_device_ids is not "
+                          "serializable", path)
+    return (ShardingKind.named, mesh_ref, amesh_ref, spec_ref, s.memory_kind,
+            0, 0)
+
+
+def sharding_item(writer, s, path):
+    if isinstance(s, NamedSharding):
+        return _named_item(writer, s, path)
+    if isinstance(s, SingleDeviceSharding):
+        dl = intern_device_list(writer, list(s.device_set), path + ".device")
+        return (ShardingKind.single_device, 0, 0, 0, s.memory_kind, dl, 0)
+    if isinstance(s, GSPMDSharding):
+        dl = intern_device_list(writer, s._devices, path + ".devices")
+        hs = intern_hlo_sharding(writer, s._hlo_sharding, path + ".hlo")
+        return (ShardingKind.gspmd, 0, 0, 0, s.memory_kind, dl, hs)
+    raise EncodeError(f"unsupported sharding type {type(s).__name__}", path)
+
+
+def build_sharding(writer, builder, item) -> int:
+    kind, mesh_ref, amesh_ref, spec_ref, memory_kind, dl, hs = item
+    mk = builder.CreateString(memory_kind) if memory_kind is not None else 0
+    fb_sharding.Start(builder)
+    fb_sharding.AddKind(builder, kind)
+    fb_sharding.AddMesh(builder, mesh_ref)
+    fb_sharding.AddAbstractMesh(builder, amesh_ref)
+    fb_sharding.AddSpec(builder, spec_ref)
+    if mk:
+        fb_sharding.AddMemoryKind(builder, mk)
+    fb_sharding.AddDeviceList(builder, dl)
+    fb_sharding.AddHloSharding(builder, hs)
+    return fb_sharding.End(builder)
+
+
+def decode_sharding(reader, t, path):
+    kind = t.scalar(LS.kind, "u8", 0, path, "kind")
+    memory_kind = t.string(LS.memory_kind, path, "memory_kind")
+    try:
+        if kind == ShardingKind.named:
+            mesh_ref = t.scalar(LS.mesh, "u32", 0, path, "mesh")
+            amesh_ref = t.scalar(LS.abstract_mesh, "u32", 0, path,
+                                 "abstract_mesh")
+            if bool(mesh_ref) == bool(amesh_ref):
+                raise PayloadError(
+                    "a named sharding needs exactly one of mesh and "
+                    "abstract_mesh", path)
+            mesh = (reader.get("meshes", mesh_ref - 1, f"{path}.mesh")
+                    if mesh_ref else
+                    reader.get("abstract_meshes", amesh_ref - 1,
+                               f"{path}.abstract_mesh"))
+            spec = reader.get("partition_specs",
+                              t.scalar(LS.spec, "u32", 0, path, "spec"),
+                              f"{path}.spec")
+            return NamedSharding(mesh, spec, memory_kind=memory_kind)
+        if kind == ShardingKind.single_device:
+            dl = reader.get("device_lists",
+                            t.scalar(LS.device_list, "u32", 0, path,
+                                     "device_list"), f"{path}.device_list")
+            if len(dl) != 1:
+                raise PayloadError(
+                    f"single-device sharding with {len(dl)} devices",
+                    f"{path}.device_list")
+            return SingleDeviceSharding(dl[0], memory_kind=memory_kind)
+        if kind == ShardingKind.gspmd:
+            dl = reader.get("device_lists",
+                            t.scalar(LS.device_list, "u32", 0, path,
+                                     "device_list"), f"{path}.device_list")
+            hs = reader.get("hlo_shardings",
+                            t.scalar(LS.hlo_sharding, "u32", 0, path,
+                                     "hlo_sharding"), f"{path}.hlo_sharding")
+            return GSPMDSharding(dl, hs, memory_kind=memory_kind)
+    except PayloadError:
+        raise
+    except Exception as e:  # JAX rejects the combination
+        raise PayloadError(f"invalid sharding: {e}", path) from None
+    raise PayloadError(f"unknown ShardingKind value {kind}", f"{path}.kind")
+
+
+def intern_sharding(writer, s, path) -> int:
+    writer.require("sharding", path)
+    return writer.intern_obj("shardings", s,
+                             lambda s: sharding_item(writer, s, path))
+
+
+register_table("partition_specs", build_partition_spec, decode_partition_spec)
+register_table("hlo_shardings", build_hlo_sharding, decode_hlo_sharding)
+register_table("shardings", build_sharding, decode_sharding)
+register_leaf((P,), LeafKind.partition_spec, "partition_specs",
+              intern_partition_spec)
+register_leaf((xc.HloSharding,), LeafKind.hlo_sharding, "hlo_shardings",
+              intern_hlo_sharding)
+register_leaf((NamedSharding, SingleDeviceSharding, GSPMDSharding),
+              LeafKind.sharding, "shardings", intern_sharding)

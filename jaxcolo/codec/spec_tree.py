@@ -1,0 +1,200 @@
+"""The SpecTree root: ``serialize``/``deserialize`` of any container nesting
+over spec objects.
+
+Encoding interns every leaf into the unique tables (phase 1), then builds the
+tables bottom-up and the root last (phase 2).  Decoding reads the structure,
+then each leaf from its table, decoding each unique entry once.
+"""
+
+from __future__ import annotations
+
+import flatbuffers
+import numpy as np
+from jax._src import tree_util as jtu
+
+import jaxcolo_fb.SpecTree as fb_root
+from jaxcolo_fb.LeafKind import LeafKind
+from jaxcolo_fb.RootKind import RootKind
+from jaxcolo import envelope, versions
+from jaxcolo.codec import core
+from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
+from jaxcolo.codec.mesh import make_resolver
+from jaxcolo.codec.pytree import build_treedef, decode_treedef, \
+    flatten_treedef, _string_vector
+from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.wire import Buffer, layout
+
+L = layout(fb_root)
+_ADDERS = {name: getattr(fb_root, "Add" + "".join(
+    p.capitalize() for p in name.split("_"))) for name in vars(L)}
+_SCALAR_VECTORS = ("devices", "prng_impls")
+
+
+def _is_prng_impl(x) -> bool:
+    return isinstance(x, PRNGImpl)
+
+
+def _flatten(obj):
+    leaves, treedef = jtu.tree_flatten(obj)
+    try:
+        flat = flatten_treedef(treedef)
+    except EncodeError:
+        # PRNGImpl is a NamedTuple pytree node; as a spec it is a leaf.
+        leaves, treedef = jtu.tree_flatten(obj, is_leaf=_is_prng_impl)
+        flat = flatten_treedef(treedef)
+    return leaves, treedef, flat
+
+
+def _leaf_path(obj, i: int) -> str:
+    try:
+        paths = [p for p, _ in jtu.tree_flatten_with_path(
+            obj, is_leaf=_is_prng_impl)[0]]
+        return "$" + jtu.keystr(paths[i])
+    except Exception:
+        return f"$<leaf {i}>"
+
+
+def intern_leaves(writer: core.Writer, obj):
+    """Phase 1: (flat structure, leaf kinds, leaf refs)."""
+    leaves, treedef, flat = _flatten(obj)
+    n = len(leaves)
+    kinds = bytearray(n)
+    refs = np.empty(n, np.uint32)
+    leaf_codec = core.leaf_codec
+    for i, leaf in enumerate(leaves):
+        codec = leaf_codec(leaf)
+        try:
+            if codec is None:
+                raise EncodeError(
+                    f"unsupported leaf of type {type(leaf).__module__}."
+                    f"{type(leaf).__qualname__}", "")
+            kinds[i] = codec.kind
+            refs[i] = codec.intern(writer, leaf, "")
+        except EncodeError as e:
+            raise EncodeError(e.reason, _leaf_path(obj, i) + e.path) from None
+    return flat, kinds, refs
+
+
+def build_tables(writer: core.Writer, builder) -> dict:
+    """Phase 2a: every non-empty unique table as a vector offset."""
+    offsets = {}
+    for name, codec in core.TABLES.items():
+        if codec.build is None or name in _SCALAR_VECTORS:
+            continue
+        items = writer.items(name)
+        if not items:
+            continue
+        offs = [codec.build(writer, builder, it) for it in items]
+        builder.StartVector(4, len(offs), 4)
+        for off in reversed(offs):
+            builder.PrependUOffsetTRelative(off)
+        offsets[codec.field] = builder.EndVector()
+    devices = writer.items("devices")
+    if devices:
+        offsets["devices"] = builder.CreateNumpyVector(
+            np.asarray(devices, np.int64))
+    impls = writer.items("prng_impls")
+    if impls:
+        offsets["prng_impls"] = _string_vector(builder, impls)
+    return offsets
+
+
+def encode_spec_tree(obj, version: int | None = None) -> bytes:
+    version = versions.check_writable(version)
+    writer = core.Writer(version)
+    writer.require("spec_tree")
+    flat, kinds, refs = intern_leaves(writer, obj)
+    builder = flatbuffers.Builder(256 + 16 * len(kinds))
+    offsets = build_tables(writer, builder)
+    offsets["structure"] = build_treedef(builder, flat)
+    offsets["leaf_kinds"] = builder.CreateByteVector(bytes(kinds))
+    offsets["leaf_refs"] = builder.CreateNumpyVector(refs)
+    fb_root.Start(builder)
+    for name, off in offsets.items():
+        _ADDERS[name](builder, off)
+    builder.Finish(fb_root.End(builder))
+    return envelope.seal(builder.Output(), RootKind.spec_tree, version,
+                         writer.min_reader)
+
+
+class _ScalarLeaves:
+    """Leaves stored in plain vectors (device ids, PRNG impl names)."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.devices = None
+        self.impls = None
+
+    def device(self, ref, path):
+        if self.devices is None:
+            self.devices = self.reader.root.ints(L.devices, "i64", "$",
+                                                 "devices")
+        if ref >= len(self.devices):
+            raise PayloadError(f"reference {ref} out of range: devices has "
+                               f"{len(self.devices)} entries", path)
+        return self.reader.resolver.device(self.devices[ref],
+                                           f"$.devices[{ref}]")
+
+    def prng_impl(self, ref, path):
+        if self.impls is None:
+            self.impls = self.reader.root.strings(L.prng_impls, "$",
+                                                  "prng_impls")
+        if ref >= len(self.impls):
+            raise PayloadError(f"reference {ref} out of range: prng_impls has "
+                               f"{len(self.impls)} entries", path)
+        return decode_prng_impl(self.impls[ref], f"$.prng_impls[{ref}]")
+
+
+def open_spec_tree(data, reader_version=None):
+    """Check the envelope; return the body Buffer and its root Table."""
+    header = envelope.read_header(data)
+    envelope.check_readable(header, reader_version)
+    if header.root_kind != RootKind.spec_tree:
+        raise PayloadError(
+            f"root kind {header.root_kind} is not a spec tree",
+            "$.header.root_kind")
+    buf = Buffer(bytes(data[envelope.HEADER_SIZE:]))
+    return header, buf, buf.root("$")
+
+
+def decode_spec_tree(data, device_resolver=None):
+    _, buf, root = open_spec_tree(data)
+    reader = core.Reader(buf, root, L, make_resolver(device_resolver))
+    return decode_root(reader)
+
+
+def decode_root(reader: core.Reader):
+    root = reader.root
+    st = root.table(L.structure, "$", "structure")
+    if st is None:
+        raise PayloadError("structure missing", "$.structure")
+    structure = decode_treedef(st, "$.structure")
+    kinds = root.bytes(L.leaf_kinds, "$", "leaf_kinds") or b""
+    refs = root.ints(L.leaf_refs, "u32", "$", "leaf_refs")
+    n = structure.num_leaves
+    if len(kinds) != n or len(refs) != n:
+        raise PayloadError(
+            f"structure has {n} leaves but leaf_kinds/leaf_refs have "
+            f"{len(kinds)}/{len(refs)}", "$.leaf_kinds")
+    leaves = [None] * n
+    table_of = core.KIND_TABLE
+    get = reader.get
+    scalars = None
+    for i in range(n):
+        kind = kinds[i]
+        table = table_of.get(kind)
+        if table is None:
+            raise PayloadError(f"unknown LeafKind value {kind}",
+                               f"$.leaf_kinds[{i}]")
+        if kind == LeafKind.device or kind == LeafKind.prng_impl:
+            scalars = scalars or _ScalarLeaves(reader)
+            fn = scalars.device if kind == LeafKind.device else \
+                scalars.prng_impl
+            leaves[i] = fn(refs[i], f"$.leaf_refs[{i}]")
+        else:
+            leaves[i] = get(table, refs[i], f"$.leaf_refs[{i}]")
+    try:
+        return structure.unflatten(leaves)
+    except Exception as e:  # a registered node's unflatten rejected leaves
+        raise PayloadError(f"cannot rebuild the tree: {e!r}",
+                           "$.structure") from None

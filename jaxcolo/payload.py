@@ -1,0 +1,50 @@
+"""Top-level encode/decode: dispatch on the envelope's root kind."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Callable
+
+from jaxcolo_fb.RootKind import RootKind
+from jaxcolo import envelope
+from jaxcolo.codec import spec_tree
+from jaxcolo.errors import PayloadError
+
+# root kind -> decode(data, device_resolver) -> object
+DECODERS: dict[int, Callable] = {
+    RootKind.spec_tree: spec_tree.decode_spec_tree,
+}
+ROOT_KIND_NAMES = {v: k for k, v in vars(RootKind).items()
+                   if not k.startswith("_") and isinstance(v, int)}
+
+# Exceptions that mean "the bytes are malformed" when they escape a decoder
+# despite its checks; they are reported as PayloadError, never leaked.
+_MALFORMED = (IndexError, KeyError, struct.error, UnicodeDecodeError,
+              TypeError, OverflowError, RecursionError, MemoryError,
+              AssertionError, AttributeError, ValueError)
+
+
+def register_root(kind: int, decode: Callable) -> None:
+    DECODERS[kind] = decode
+
+
+def serialize(obj: Any, version: int | None = None) -> bytes:
+    """Encode ``obj`` (containers over spec objects) as a spec payload."""
+    return spec_tree.encode_spec_tree(obj, version)
+
+
+def deserialize(data, device_resolver=None) -> Any:
+    """Decode any jaxcolo payload.  Raises PayloadError for bad bytes."""
+    header = envelope.read_header(data)
+    envelope.check_readable(header)
+    decode = DECODERS.get(header.root_kind)
+    if decode is None:
+        raise PayloadError(f"unknown root kind {header.root_kind}",
+                           "$.header.root_kind")
+    try:
+        return decode(data, device_resolver)
+    except PayloadError:
+        raise
+    except _MALFORMED as e:
+        raise PayloadError(
+            f"malformed payload ({type(e).__name__}: {e})", "$") from None

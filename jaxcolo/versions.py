@@ -1,0 +1,77 @@
+"""The single table of schema versions: what each one added.
+
+``SCHEMA_VERSION`` is what this library writes by default;
+``MIN_READABLE_VERSION`` is the oldest payload version it reads.  A payload's
+header carries both the writer's version and the oldest reader version that
+can read it (the highest ``since`` of the features the payload uses), so an old
+reader can still read a new payload that uses only old features.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxcolo.errors import EncodeError
+
+SCHEMA_VERSION = 1
+MIN_READABLE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionInfo:
+    version: int
+    min_readable: int      # oldest payload version a reader of this version reads
+    added: tuple[str, ...]  # features first written by this version
+
+
+HISTORY: tuple[VersionInfo, ...] = (
+    VersionInfo(1, 1, (
+        "spec_tree",          # root kind: containers over spec objects
+        "pytree",             # leaf/None/tuple/list/dict/namedtuple/OrderedDict/defaultdict/custom
+        "dtype",              # every JAX 0.10.2 dtype, PRNG keys, StringDType
+        "aval",               # ShapedArray/ShapeDtypeStruct, symbolic dims + constraints
+        "mesh",               # Mesh as device ids, AbstractMesh with AbstractDevice
+        "partition_spec",     # incl. reduced/unreduced and UNCONSTRAINED
+        "sharding",           # NamedSharding, SingleDeviceSharding, GSPMDSharding
+        "hlo_sharding",       # OpSharding proto bytes
+        "device_list",
+        "effect",
+        "prng_impl",
+    )),
+)
+
+FEATURE_SINCE: dict[str, int] = {
+    feature: info.version for info in HISTORY for feature in info.added}
+
+_BY_VERSION = {info.version: info for info in HISTORY}
+
+
+def version_info(version: int) -> VersionInfo:
+    return _BY_VERSION[version]
+
+
+def known_versions() -> tuple[int, ...]:
+    return tuple(sorted(_BY_VERSION))
+
+
+def check_writable(version: int | None) -> int:
+    """The version to write for ``serialize(..., version=version)``."""
+    if version is None:
+        return SCHEMA_VERSION
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TypeError(f"version must be an int, got {version!r}")
+    if not MIN_READABLE_VERSION <= version <= SCHEMA_VERSION:
+        raise EncodeError(
+            f"cannot write version {version}: this jaxcolo writes versions "
+            f"{MIN_READABLE_VERSION}..{SCHEMA_VERSION}")
+    return version
+
+
+def require(feature: str, version: int, path: str = "$") -> int:
+    """Check that ``feature`` exists at ``version``; returns its ``since``."""
+    since = FEATURE_SINCE[feature]
+    if since > version:
+        raise EncodeError(
+            f"{feature} needs schema version {since}, but version {version} "
+            "was requested", path)
+    return since
