@@ -54,8 +54,8 @@ def scope_constraints(scope) -> tuple:
 
 def _register_scope(scope) -> tuple:
     key = scope_constraints(scope)
-    if key not in _SCOPES:
-        _SCOPES[key] = scope
+    if _SCOPES.get(key) is not scope:
+        _SCOPES[key] = scope  # the latest encoded scope wins
     return key
 
 
@@ -183,20 +183,24 @@ def _decode_shape(reader, t, path):
     scope = (reader.get("scopes", scope_ref - 1, f"{path}.scope")
              if scope_ref else scope_for((), path))
     it = iter(sym)
-    spec = []
-    for d in dims:
+    shape = []
+    for i, d in enumerate(dims):
         if d == SYMBOLIC:
-            spec.append(next(it))
+            text = next(it)
+            try:
+                parsed = shape_poly.symbolic_shape(text, scope=scope)
+            except Exception as e:  # syntax errors, absurd nesting
+                raise PayloadError(f"invalid symbolic dim {text!r}: {e}",
+                                   f"{path}.symbolic_dims") from None
+            if len(parsed) != 1:
+                raise PayloadError(f"{text!r} is not one dimension",
+                                   f"{path}.symbolic_dims")
+            shape.append(parsed[0])
         elif d < 0:
-            raise PayloadError(f"negative dimension {d}", f"{path}.dims")
+            raise PayloadError(f"negative dimension {d}", f"{path}.dims[{i}]")
         else:
-            spec.append(str(d))
-    try:
-        return shape_poly.symbolic_shape(",".join(f"({s})" for s in spec),
-                                         scope=scope)
-    except Exception as e:  # parse errors, absurd nesting
-        raise PayloadError(f"invalid symbolic shape {spec}: {e}",
-                           f"{path}.symbolic_dims") from None
+            shape.append(d)
+    return tuple(shape)
 
 
 def decode_aval_parts(reader, t, path):

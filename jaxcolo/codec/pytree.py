@@ -87,12 +87,22 @@ def _keys(keys, path):
         f"{[type(k).__name__ for k in keys]}", path)
 
 
+class SpecLeafAsNode(EncodeError):
+    """A type that jax treats as a pytree node but jaxcolo as a spec leaf."""
+
+
+# Pytree node types that are spec objects in their own right (PRNGImpl).
+SPEC_LEAF_TYPES: set = set()
+
+
 def _flatten_node(td, out: FlatTree, path: str) -> None:
     nd = td.node_data()
     if nd is None:
         out.kinds.append(NodeKind.leaf)
         return
     t, aux = nd
+    if t in SPEC_LEAF_TYPES:
+        raise SpecLeafAsNode(f"{t.__name__} is a spec leaf", path)
     children = td.children()
     if t is type(None):
         out.kinds.append(NodeKind.none)
@@ -176,7 +186,14 @@ def flatten_treedef(td, path: str = "$") -> FlatTree:
 
 
 def build_treedef(builder, flat: FlatTree) -> int:
-    data_offs = [_build_node_data(builder, d) for d in flat.node_data]
+    shared: dict = {}  # equal node data is stored once and shared
+    data_offs = []
+    for d in flat.node_data:
+        key = _node_data_key(d)
+        off = shared.get(key)
+        if off is None:
+            off = shared[key] = _build_node_data(builder, d)
+        data_offs.append(off)
     kinds = builder.CreateByteVector(bytes(flat.kinds))
     arities = (builder.CreateNumpyVector(np.asarray(flat.arities, np.uint32))
                if flat.arities else 0)
@@ -193,6 +210,10 @@ def build_treedef(builder, flat: FlatTree) -> int:
     if nd:
         fb_pytree.AddNodeData(builder, nd)
     return fb_pytree.End(builder)
+
+
+def _node_data_key(d):
+    return tuple(tuple(x) if isinstance(x, list) else x for x in d)
 
 
 def _string_vector(builder, strings) -> int:

@@ -19,8 +19,8 @@ from jaxcolo import envelope, versions
 from jaxcolo.codec import core
 from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
 from jaxcolo.codec.mesh import make_resolver
-from jaxcolo.codec.pytree import build_treedef, decode_treedef, \
-    flatten_treedef, _string_vector
+from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
+    decode_treedef, flatten_treedef, _string_vector
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.wire import Buffer, layout
 
@@ -34,11 +34,14 @@ def _is_prng_impl(x) -> bool:
     return isinstance(x, PRNGImpl)
 
 
+SPEC_LEAF_TYPES.add(PRNGImpl)
+
+
 def _flatten(obj):
     leaves, treedef = jtu.tree_flatten(obj)
     try:
         flat = flatten_treedef(treedef)
-    except EncodeError:
+    except SpecLeafAsNode:
         # PRNGImpl is a NamedTuple pytree node; as a spec it is a leaf.
         leaves, treedef = jtu.tree_flatten(obj, is_leaf=_is_prng_impl)
         flat = flatten_treedef(treedef)
