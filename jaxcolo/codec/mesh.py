@@ -184,6 +184,9 @@ def decode_mesh(reader, t, path):
     if len(sizes) != len(names):
         raise PayloadError(f"{len(sizes)} axis sizes for {len(names)} names",
                            f"{path}.axis_sizes")
+    if not sizes or min(sizes) < 1:
+        raise PayloadError(f"mesh axis sizes {sizes} must be >= 1",
+                           f"{path}.axis_sizes")
     if math.prod(sizes) != len(ids):
         raise PayloadError(
             f"axis sizes {sizes} do not match {len(ids)} device ids",
@@ -254,6 +257,9 @@ def decode_abstract_mesh(reader, t, path):
     types_ = _read_axis_types(t, LA.axis_types, len(names), path)
     if len(sizes) != len(names):
         raise PayloadError(f"{len(sizes)} axis sizes for {len(names)} names",
+                           f"{path}.axis_sizes")
+    if any(s < 1 for s in sizes):
+        raise PayloadError(f"mesh axis sizes {sizes} must be >= 1",
                            f"{path}.axis_sizes")
     dev_t = t.table(LA.abstract_device, path, "abstract_device")
     dev = (_decode_abstract_device(dev_t, f"{path}.abstract_device")

@@ -34,7 +34,7 @@ _LEAF = jtu.tree_structure(0)
 _NONE = jtu.tree_structure(None)
 _REGISTRY = jtu.default_registry
 _make = PyTreeDef.from_node_data_and_children
-MAX_DEPTH = 512  # nesting deeper than this is rejected as absurd
+MAX_DEPTH = 256  # nesting deeper than this is rejected as absurd
 
 _NODE_KIND_MAX = NodeKind.custom
 _WITH_DATA = frozenset((NodeKind.dict, NodeKind.namedtuple,
@@ -95,7 +95,9 @@ class SpecLeafAsNode(EncodeError):
 SPEC_LEAF_TYPES: set = set()
 
 
-def _flatten_node(td, out: FlatTree, path: str) -> None:
+def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
+    if depth > MAX_DEPTH:
+        raise EncodeError(f"pytree nesting deeper than {MAX_DEPTH}", path)
     nd = td.node_data()
     if nd is None:
         out.kinds.append(NodeKind.leaf)
@@ -148,7 +150,7 @@ def _flatten_node(td, out: FlatTree, path: str) -> None:
             "register_namedtuple_serialization)", path)
     out.arities.append(len(children))
     for c in children:
-        _flatten_node(c, out, path)
+        _flatten_node(c, out, path, depth + 1)
 
 
 def _factory_name(factory, path) -> str:
@@ -320,7 +322,9 @@ class _DecodeState:
             dpath = f"{self.path}.node_data[{self.d}]"
             data = self.buf.table_at(self.data_pos[self.d], dpath)
             self.d += 1
-        children = [self.node(depth + 1) for _ in range(n)]
+        children = []
+        for _ in range(n):
+            children.append(self.node(depth + 1))
         if kind == NodeKind.tuple:
             return _make(_REGISTRY, (tuple, None), children)
         if kind == NodeKind.list:

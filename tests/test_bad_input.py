@@ -1,0 +1,164 @@
+"""Malformed payloads: only PayloadError (with a field path), never a hang."""
+
+import os
+import random
+import struct
+import sys
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jaxcolo
+from jaxcolo import envelope
+from tests import corpus
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+import fuzz_payloads  # noqa: E402
+
+
+def test_mutation_fuzz_only_payload_errors():
+    seeds = fuzz_payloads.seed_payloads()
+    counts, failures = fuzz_payloads.run(seeds, 4000, random.Random(1234))
+    assert not failures, failures[0][1]
+    assert counts["PayloadError"] > 1000
+    assert not fuzz_payloads.run.unchecked, fuzz_payloads.run.unchecked[0][1]
+
+
+def test_checksum_catches_bit_flips():
+    data = bytearray(jaxcolo.serialize(corpus.meshes()))
+    data[len(data) // 2] ^= 0x10
+    with pytest.raises(jaxcolo.PayloadError, match=r"checksum.*\$\.header\.crc32"):
+        jaxcolo.deserialize(bytes(data))
+
+
+@pytest.mark.parametrize("cut", [0, 3, 15, 16, 20, -1, -7])
+def test_truncation(cut):
+    obj = corpus.avals()
+    data = jaxcolo.serialize(obj)
+    with pytest.raises(jaxcolo.PayloadError):
+        jaxcolo.deserialize(data[:cut])
+    # With a forged checksum: an error, or (cut padding only) nothing lost.
+    if len(data[:cut]) > 16:
+        try:
+            out = jaxcolo.deserialize(fuzz_payloads.fix_crc(data[:cut]))
+        except jaxcolo.PayloadError:
+            return
+        assert out == obj
+
+
+def test_not_bytes_and_wrong_magic():
+    with pytest.raises(jaxcolo.PayloadError, match="must be bytes"):
+        jaxcolo.deserialize("text")
+    with pytest.raises(jaxcolo.PayloadError, match="magic"):
+        jaxcolo.deserialize(b"\x00" * 64)
+
+
+def _with_header(data, **changes):
+    magic, w, r, k, f, res, crc = envelope.HEADER.unpack_from(data, 0)
+    vals = dict(writer=w, reader=r, kind=k, flags=f)
+    vals.update(changes)
+    return envelope.HEADER.pack(magic, vals["writer"], vals["reader"],
+                                vals["kind"], vals["flags"], res, crc) + data[16:]
+
+
+def test_version_errors_name_versions():
+    data = jaxcolo.serialize(np.dtype("f4"))
+    with pytest.raises(jaxcolo.VersionError,
+                       match=r"needs a reader of version >= 99.*supports "
+                             r"versions 1\.\.1"):
+        jaxcolo.deserialize(_with_header(data, writer=99, reader=99))
+    with pytest.raises(jaxcolo.PayloadError, match="root kind 77"):
+        jaxcolo.deserialize(_with_header(data, kind=77))
+    with pytest.raises(jaxcolo.PayloadError, match="reserved header bits"):
+        jaxcolo.deserialize(_with_header(data, flags=1))
+
+
+def _find(data: bytes, needle: bytes) -> int:
+    i = data.find(needle)
+    assert i > 0
+    return i
+
+
+def test_invalid_utf8_named():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("qqqq",))
+    data = bytearray(jaxcolo.serialize(mesh))
+    data[_find(bytes(data), b"qqqq")] = 0xFF
+    with pytest.raises(jaxcolo.PayloadError,
+                       match=r"invalid UTF-8.*\$\.meshes\[0\]\.axis_names\[0\]"):
+        jaxcolo.deserialize(fuzz_payloads.fix_crc(bytes(data)))
+
+
+def test_huge_vector_length_is_refused_fast():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("qqqq",))
+    data = bytearray(jaxcolo.serialize(mesh))
+    i = _find(bytes(data), b"qqqq")
+    data[i - 4:i] = struct.pack("<I", 0xFFFFFFF0)
+    with pytest.raises(jaxcolo.PayloadError, match="exceeds the buffer"):
+        jaxcolo.deserialize(fuzz_payloads.fix_crc(bytes(data)))
+
+
+def test_unknown_enum_value_named():
+    data = bytearray(jaxcolo.serialize(jax.ShapeDtypeStruct((2,), np.float32)))
+    # The only float32 DType byte (10) sits in the DTypeSpec table; find it by
+    # re-encoding with float64 (11) and diffing.
+    other = jaxcolo.serialize(jax.ShapeDtypeStruct((2,), np.float64))
+    diffs = [i for i in range(16, len(data)) if data[i] != other[i]]
+    assert len(diffs) == 1
+    data[diffs[0]] = 250
+    with pytest.raises(jaxcolo.PayloadError,
+                       match=r"unknown DType value 250.*\$\.avals\[0\]\.dtype\.kind"):
+        jaxcolo.deserialize(fuzz_payloads.fix_crc(bytes(data)))
+
+
+def test_absurd_pytree_depth(monkeypatch):
+    from jaxcolo.codec import pytree
+    tree = np.dtype("f4")
+    for _ in range(300):
+        tree = [tree]
+    with pytest.raises(jaxcolo.EncodeError, match="deeper than 256"):
+        jaxcolo.serialize(tree)
+    monkeypatch.setattr(pytree, "MAX_DEPTH", 400)
+    data = jaxcolo.serialize(tree)
+    monkeypatch.setattr(pytree, "MAX_DEPTH", 256)
+    with pytest.raises(jaxcolo.PayloadError, match=r"deeper than 256.*\$\.structure"):
+        jaxcolo.deserialize(data)
+
+
+# --------------------------------------------------------- property based
+
+_dtypes = st.sampled_from(corpus.ALL_DTYPES[:30])
+_shapes = st.lists(st.integers(0, 64), max_size=4).map(tuple)
+
+
+@st.composite
+def sds(draw):
+    mesh = draw(st.sampled_from(corpus.meshes()[:4]))
+    names = mesh.axis_names
+    spec = draw(st.lists(st.sampled_from((None,) + names), max_size=2,
+                         unique=True))
+    sharding = draw(st.sampled_from([
+        None, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)),
+        jax.sharding.SingleDeviceSharding(jax.devices()[draw(st.integers(0, 7))])]))
+    shape = draw(_shapes)
+    if sharding is not None and len(shape) < len(spec):
+        shape = shape + (8,) * (len(spec) - len(shape))
+    return jax.ShapeDtypeStruct(shape, draw(_dtypes), sharding=sharding,
+                                weak_type=draw(st.booleans()))
+
+
+_keys = st.text(min_size=1, max_size=5)
+_trees = st.recursive(
+    st.one_of(sds(), _dtypes, st.none()),
+    lambda ch: st.one_of(st.lists(ch, max_size=4), st.tuples(ch, ch),
+                         st.dictionaries(_keys, ch, max_size=4)),
+    max_leaves=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_trees)
+def test_property_roundtrip(tree):
+    out = jaxcolo.deserialize(jaxcolo.serialize(tree))
+    assert out == tree
+    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(tree)
