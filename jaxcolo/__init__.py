@@ -1,14 +1,37 @@
 """jaxcolo: versioned flatbuffer payloads for JAX specs, and a colocated-Python
-executor whose programs and specs travel as those payloads."""
+executor whose programs and specs travel as those payloads.
+
+Importing ``jaxcolo`` does not import JAX; the codec (and JAX) load on first
+use of an attribute that needs them, so a CLI or worker can configure XLA
+(e.g. ``XLA_FLAGS``) first.
+"""
 
 from jaxcolo.errors import EncodeError, ExecutorError, PayloadError, VersionError
 from jaxcolo.versions import MIN_READABLE_VERSION, SCHEMA_VERSION
-from jaxcolo.payload import deserialize, serialize
-from jaxcolo.codec.effects import register_effect
-from jaxcolo.inspection import inspect
+
+_LAZY = {
+    "serialize": ("jaxcolo.payload", "serialize"),
+    "deserialize": ("jaxcolo.payload", "deserialize"),
+    "inspect": ("jaxcolo.inspection", "inspect"),
+    "register_effect": ("jaxcolo.codec.effects", "register_effect"),
+}
 
 __all__ = [
     "serialize", "deserialize", "inspect", "SCHEMA_VERSION",
     "MIN_READABLE_VERSION", "PayloadError", "VersionError", "EncodeError",
     "ExecutorError", "register_effect",
 ]
+
+
+def __getattr__(name):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'jaxcolo' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(target[0]), target[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,76 @@
+"""The ``jaxcolo`` command: inspect, check, demo (and, later, worker)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _ensure_devices() -> None:
+    # Must happen before JAX is imported in this process.
+    if "jax" not in sys.modules and "--xla_force_host_platform_device_count" \
+            not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   " --xla_force_host_platform_device_count=8")
+
+
+def cmd_inspect(args) -> int:
+    import jaxcolo
+    data = open(args.file, "rb").read()
+    try:
+        info = jaxcolo.inspect(data)
+    except jaxcolo.PayloadError as e:
+        print(f"{args.file}: invalid payload: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{args.file}: {info['format']} {info['root_kind']} payload, "
+          f"{info['size']} bytes")
+    for key, value in info.items():
+        if key in ("format", "root_kind", "size", "leaves"):
+            continue
+        print(f"  {key}: {value}")
+    for i, leaf in enumerate(info.get("leaves", [])[:20]):
+        print(f"  leaf[{i}]: {leaf}")
+    if len(info.get("leaves", [])) > 20:
+        print(f"  ... {len(info['leaves']) - 20} more leaves")
+    return 0
+
+
+def cmd_check(args) -> int:
+    import jaxcolo
+    from jaxcolo.checking import check_readable
+    data = open(args.file, "rb").read()
+    ok, reason = check_readable(data, args.reader_version)
+    print(f"{args.file}: {reason}")
+    return 0 if ok else 1
+
+
+def cmd_demo(args) -> int:
+    from jaxcolo.demo import main
+    return main()
+
+
+def main(argv=None) -> int:
+    _ensure_devices()
+    ap = argparse.ArgumentParser(prog="jaxcolo", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("inspect", help="describe a payload file")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_inspect)
+    p = sub.add_parser("check", help="can a reader of version N read FILE?")
+    p.add_argument("file")
+    p.add_argument("--reader-version", type=int, required=True)
+    p.set_defaults(fn=cmd_check)
+    p = sub.add_parser("demo", help="serialize a realistic spec tree")
+    p.set_defaults(fn=cmd_demo)
+    args = ap.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
