@@ -84,6 +84,6 @@ def _raw_device_lookup(i):
     return default_device_map().get(i)
 
 
-from jaxcolo_fb.RootKind import RootKind  # noqa: E402
+from jaxcolo_fb import RootKind  # noqa: E402
 
 register_inspector(RootKind.spec_tree, inspect_spec_tree)

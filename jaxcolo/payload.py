@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable
 
-from jaxcolo_fb.RootKind import RootKind
+from jaxcolo_fb import RootKind
 from jaxcolo import envelope
 from jaxcolo.codec import spec_tree
 from jaxcolo.errors import PayloadError

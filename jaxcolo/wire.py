@@ -56,13 +56,12 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def layout(module: types.ModuleType) -> types.SimpleNamespace:
-    """Vtable offsets of the fields of the table generated in ``module``.
+def layout(module: types.ModuleType, table: str) -> types.SimpleNamespace:
+    """Vtable offsets of the fields of ``table`` in the generated ``module``.
 
-    ``layout(jaxcolo_fb.Mesh).device_ids == 4`` etc.  Read off the generated
-    ``<Table>Add<Field>`` functions, so it always matches generated/.
+    ``layout(jaxcolo_fb, "Mesh").device_ids == 4`` etc.  Read off the
+    generated ``<Table>Add<Field>`` functions, so it always matches generated/.
     """
-    table = module.__name__.rsplit(".", 1)[-1]
     prefix = f"{table}Add"
     fields = {}
     for name, fn in vars(module).items():

@@ -28,8 +28,14 @@ def flatc() -> str:
 
 
 def generate(dest: str) -> None:
-    subprocess.run([flatc(), "--python", "--gen-all", "-o", dest, SCHEMA],
-                   check=True)
+    """flatc output as the package dest/jaxcolo_fb (one module: flatc's
+    one-file mode, whose classes can reference each other)."""
+    raw = os.path.join(dest, "raw")
+    subprocess.run([flatc(), "--python", "--gen-onefile", "--gen-all", "-o",
+                    raw, SCHEMA], check=True)
+    os.makedirs(os.path.join(dest, PACKAGE))
+    shutil.move(os.path.join(raw, "jaxcolo_generated.py"),
+                os.path.join(dest, PACKAGE, "__init__.py"))
 
 
 def _files(d: str) -> set[str]:

@@ -16,12 +16,9 @@ import numpy as np
 from jax._src import core
 from jax._src.export import shape_poly
 
-import jaxcolo_fb.Aval as fb_aval
-import jaxcolo_fb.ManualAxisType as fb_mat
-import jaxcolo_fb.ShapeDtypeStruct as fb_sds
-import jaxcolo_fb.SymbolicScope as fb_scope
-from jaxcolo_fb.LeafKind import LeafKind
-from jaxcolo_fb.MemorySpace import MemorySpace as FbMemorySpace
+import jaxcolo_fb as fb
+from jaxcolo_fb import LeafKind
+from jaxcolo_fb import MemorySpace as FbMemorySpace
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.dtypes import build_dtype_spec, decode_dtype_spec, dtype_key
 from jaxcolo.codec.pytree import _string_vector
@@ -29,10 +26,10 @@ from jaxcolo.codec.sharding import intern_sharding
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.wire import layout
 
-LA = layout(fb_aval)
-LS = layout(fb_sds)
-LM = layout(fb_mat)
-LC = layout(fb_scope)
+LA = layout(fb, "Aval")
+LS = layout(fb, "ShapeDtypeStruct")
+LM = layout(fb, "ManualAxisType")
+LC = layout(fb, "SymbolicScope")
 
 _MEM_TO_FB = {core.MemorySpace.Device: FbMemorySpace.Device,
               core.MemorySpace.Host: FbMemorySpace.Host,
@@ -74,9 +71,9 @@ def scope_for(constraints: tuple, path: str):
 
 def build_scope(writer, builder, constraints) -> int:
     off = _string_vector(builder, constraints)
-    fb_scope.Start(builder)
-    fb_scope.AddConstraints(builder, off)
-    return fb_scope.End(builder)
+    fb.SymbolicScopeStart(builder)
+    fb.SymbolicScopeAddConstraints(builder, off)
+    return fb.SymbolicScopeEnd(builder)
 
 
 def decode_scope(reader, t, path):
@@ -96,12 +93,12 @@ def _build_mat(builder, item) -> int:
     if item is None:
         return 0
     offs = [_string_vector(builder, v) if v else 0 for v in item]
-    fb_mat.Start(builder)
-    for add, off in zip((fb_mat.AddVarying, fb_mat.AddUnreduced,
-                         fb_mat.AddReduced), offs):
+    fb.ManualAxisTypeStart(builder)
+    for add, off in zip((fb.ManualAxisTypeAddVarying, fb.ManualAxisTypeAddUnreduced,
+                         fb.ManualAxisTypeAddReduced), offs):
         if off:
             add(builder, off)
-    return fb_mat.End(builder)
+    return fb.ManualAxisTypeEnd(builder)
 
 
 def _decode_mat(t, path):
@@ -153,18 +150,18 @@ def build_aval(writer, builder, item) -> int:
     sym_off = _string_vector(builder, sym) if sym else 0
     mat_off = _build_mat(builder, mat)
     dims_off = builder.CreateNumpyVector(np.asarray(dims, np.int64))
-    fb_aval.Start(builder)
-    fb_aval.AddDims(builder, dims_off)
+    fb.AvalStart(builder)
+    fb.AvalAddDims(builder, dims_off)
     if sym_off:
-        fb_aval.AddSymbolicDims(builder, sym_off)
-    fb_aval.AddScope(builder, scope_ref)
-    fb_aval.AddDtype(builder, dtype_off)
-    fb_aval.AddWeakType(builder, weak_type)
-    fb_aval.AddMemorySpace(builder, mem)
-    fb_aval.AddSharding(builder, sharding_ref)
+        fb.AvalAddSymbolicDims(builder, sym_off)
+    fb.AvalAddScope(builder, scope_ref)
+    fb.AvalAddDtype(builder, dtype_off)
+    fb.AvalAddWeakType(builder, weak_type)
+    fb.AvalAddMemorySpace(builder, mem)
+    fb.AvalAddSharding(builder, sharding_ref)
     if mat_off:
-        fb_aval.AddManualAxisType(builder, mat_off)
-    return fb_aval.End(builder)
+        fb.AvalAddManualAxisType(builder, mat_off)
+    return fb.AvalEnd(builder)
 
 
 def _decode_shape(reader, t, path):
@@ -258,13 +255,13 @@ def intern_shaped_array(writer, aval, path) -> int:
 def build_sds(writer, builder, item) -> int:
     aval_ref, sharding_ref, is_ref, mat = item
     mat_off = _build_mat(builder, mat)
-    fb_sds.Start(builder)
-    fb_sds.AddAval(builder, aval_ref)
-    fb_sds.AddSharding(builder, sharding_ref)
-    fb_sds.AddIsRef(builder, is_ref)
+    fb.ShapeDtypeStructStart(builder)
+    fb.ShapeDtypeStructAddAval(builder, aval_ref)
+    fb.ShapeDtypeStructAddSharding(builder, sharding_ref)
+    fb.ShapeDtypeStructAddIsRef(builder, is_ref)
     if mat_off:
-        fb_sds.AddManualAxisType(builder, mat_off)
-    return fb_sds.End(builder)
+        fb.ShapeDtypeStructAddManualAxisType(builder, mat_off)
+    return fb.ShapeDtypeStructEnd(builder)
 
 
 def decode_sds(reader, t, path):

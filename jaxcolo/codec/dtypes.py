@@ -13,15 +13,15 @@ import numpy as np
 from jax._src import dtypes as jdtypes
 from jax._src.random import prng
 
-import jaxcolo_fb.DTypeSpec as fb_dtype_spec
-from jaxcolo_fb.DType import DType
-from jaxcolo_fb.LeafKind import LeafKind
-from jaxcolo_fb.StringNA import StringNA
+import jaxcolo_fb as fb
+from jaxcolo_fb import DType
+from jaxcolo_fb import LeafKind
+from jaxcolo_fb import StringNA
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.errors import PayloadError
 from jaxcolo.wire import check_enum, enum_values, layout
 
-L = layout(fb_dtype_spec)
+L = layout(fb, "DTypeSpec")
 _DTYPE_VALUES = enum_values(DType)
 _STRING_NA_VALUES = enum_values(StringNA)
 
@@ -111,16 +111,16 @@ def build_dtype_spec(builder, dtype, path: str) -> int:
     kind, impl, coerce, na_kind, text = describe(dtype, path)
     impl_off = builder.CreateString(impl) if impl is not None else 0
     text_off = builder.CreateString(text) if text is not None else 0
-    fb_dtype_spec.Start(builder)
-    fb_dtype_spec.AddKind(builder, kind)
+    fb.DTypeSpecStart(builder)
+    fb.DTypeSpecAddKind(builder, kind)
     if impl_off:
-        fb_dtype_spec.AddPrngImpl(builder, impl_off)
+        fb.DTypeSpecAddPrngImpl(builder, impl_off)
     if kind == DType.string:
-        fb_dtype_spec.AddStringCoerce(builder, coerce)
-        fb_dtype_spec.AddStringNa(builder, na_kind)
+        fb.DTypeSpecAddStringCoerce(builder, coerce)
+        fb.DTypeSpecAddStringNa(builder, na_kind)
         if text_off:
-            fb_dtype_spec.AddStringNaText(builder, text_off)
-    return fb_dtype_spec.End(builder)
+            fb.DTypeSpecAddStringNaText(builder, text_off)
+    return fb.DTypeSpecEnd(builder)
 
 
 def decode_dtype_spec(t, path: str):

@@ -17,13 +17,13 @@ from jax._src import core
 from jax._src import effects as jeffects
 from jax._src.random import prng
 
-import jaxcolo_fb.Effect as fb_effect
-from jaxcolo_fb.LeafKind import LeafKind
+import jaxcolo_fb as fb
+from jaxcolo_fb import LeafKind
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.wire import layout
 
-LE = layout(fb_effect)
+LE = layout(fb, "Effect")
 
 # name -> (type, to_bytes or None, from_bytes or None); type -> name
 _EFFECTS_BY_NAME: dict[str, tuple] = {}
@@ -116,11 +116,11 @@ def build_effect(writer, builder, item) -> int:
     name, state = item
     name_off = builder.CreateString(name)
     state_off = builder.CreateByteVector(state) if state is not None else 0
-    fb_effect.Start(builder)
-    fb_effect.AddTypeName(builder, name_off)
+    fb.EffectStart(builder)
+    fb.EffectAddTypeName(builder, name_off)
     if state_off:
-        fb_effect.AddState(builder, state_off)
-    return fb_effect.End(builder)
+        fb.EffectAddState(builder, state_off)
+    return fb.EffectEnd(builder)
 
 
 def effect_type_by_name(name: str):

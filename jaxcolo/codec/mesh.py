@@ -16,21 +16,18 @@ import numpy as np
 from jax._src import mesh as jmesh
 from jax._src.lib import xla_client as xc
 
-import jaxcolo_fb.AbstractDevice as fb_abstract_device
-import jaxcolo_fb.AbstractMesh as fb_abstract_mesh
-import jaxcolo_fb.DeviceList as fb_device_list
-import jaxcolo_fb.Mesh as fb_mesh
-from jaxcolo_fb.AxisType import AxisType as FbAxisType
-from jaxcolo_fb.LeafKind import LeafKind
+from jaxcolo_fb import AxisType as FbAxisType
+import jaxcolo_fb as fb
+from jaxcolo_fb import LeafKind
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.wire import layout
 
-LM = layout(fb_mesh)
-LA = layout(fb_abstract_mesh)
-LD = layout(fb_abstract_device)
-LL = layout(fb_device_list)
+LM = layout(fb, "Mesh")
+LA = layout(fb, "AbstractMesh")
+LD = layout(fb, "AbstractDevice")
+LL = layout(fb, "DeviceList")
 
 AxisType = jax.sharding.AxisType
 _AXIS_TO_FB = {AxisType.Auto: FbAxisType.Auto,
@@ -158,12 +155,12 @@ def build_mesh(writer, builder, item) -> int:
     ids_off = builder.CreateNumpyVector(ids)
     sizes_off = builder.CreateNumpyVector(np.asarray(sizes, np.uint32))
     types_off = builder.CreateByteVector(_axis_types(types_, "$.meshes"))
-    fb_mesh.Start(builder)
-    fb_mesh.AddDeviceIds(builder, ids_off)
-    fb_mesh.AddAxisSizes(builder, sizes_off)
-    fb_mesh.AddAxisNames(builder, names_off)
-    fb_mesh.AddAxisTypes(builder, types_off)
-    return fb_mesh.End(builder)
+    fb.MeshStart(builder)
+    fb.MeshAddDeviceIds(builder, ids_off)
+    fb.MeshAddAxisSizes(builder, sizes_off)
+    fb.MeshAddAxisNames(builder, names_off)
+    fb.MeshAddAxisTypes(builder, types_off)
+    return fb.MeshEnd(builder)
 
 
 _MESH_CACHE: dict = {}
@@ -217,13 +214,13 @@ def intern_mesh(writer, mesh, path) -> int:
 def _build_abstract_device(builder, dev) -> int:
     kind = builder.CreateString(dev.device_kind)
     platform = builder.CreateString(dev.platform) if dev.platform else 0
-    fb_abstract_device.Start(builder)
-    fb_abstract_device.AddDeviceKind(builder, kind)
+    fb.AbstractDeviceStart(builder)
+    fb.AbstractDeviceAddDeviceKind(builder, kind)
     if dev.num_cores is not None:
-        fb_abstract_device.AddNumCores(builder, dev.num_cores)
+        fb.AbstractDeviceAddNumCores(builder, dev.num_cores)
     if platform:
-        fb_abstract_device.AddPlatform(builder, platform)
-    return fb_abstract_device.End(builder)
+        fb.AbstractDeviceAddPlatform(builder, platform)
+    return fb.AbstractDeviceEnd(builder)
 
 
 def _decode_abstract_device(t, path):
@@ -242,13 +239,13 @@ def build_abstract_mesh(writer, builder, am) -> int:
         _axis_types(am.axis_types, "$.abstract_meshes"))
     dev_off = (_build_abstract_device(builder, am.abstract_device)
                if am.abstract_device is not None else 0)
-    fb_abstract_mesh.Start(builder)
-    fb_abstract_mesh.AddAxisSizes(builder, sizes_off)
-    fb_abstract_mesh.AddAxisNames(builder, names_off)
-    fb_abstract_mesh.AddAxisTypes(builder, types_off)
+    fb.AbstractMeshStart(builder)
+    fb.AbstractMeshAddAxisSizes(builder, sizes_off)
+    fb.AbstractMeshAddAxisNames(builder, names_off)
+    fb.AbstractMeshAddAxisTypes(builder, types_off)
     if dev_off:
-        fb_abstract_mesh.AddAbstractDevice(builder, dev_off)
-    return fb_abstract_mesh.End(builder)
+        fb.AbstractMeshAddAbstractDevice(builder, dev_off)
+    return fb.AbstractMeshEnd(builder)
 
 
 def decode_abstract_mesh(reader, t, path):
@@ -283,9 +280,9 @@ def device_ids_of(devices) -> np.ndarray:
 
 def build_device_list(writer, builder, ids) -> int:
     off = builder.CreateNumpyVector(ids)
-    fb_device_list.Start(builder)
-    fb_device_list.AddDeviceIds(builder, off)
-    return fb_device_list.End(builder)
+    fb.DeviceListStart(builder)
+    fb.DeviceListAddDeviceIds(builder, off)
+    return fb.DeviceListEnd(builder)
 
 
 def decode_device_list(reader, t, path):

@@ -17,17 +17,16 @@ import numpy as np
 from jax._src import tree_util as jtu
 from jax._src.export import _export as jexport
 
-import jaxcolo_fb.NodeData as fb_node_data
-import jaxcolo_fb.PyTreeDef as fb_pytree
-from jaxcolo_fb.KeyKind import KeyKind
-from jaxcolo_fb.LeafKind import LeafKind
-from jaxcolo_fb.NodeKind import NodeKind
+import jaxcolo_fb as fb
+from jaxcolo_fb import KeyKind
+from jaxcolo_fb import LeafKind
+from jaxcolo_fb import NodeKind
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.wire import layout
 
-L = layout(fb_pytree)
-LD = layout(fb_node_data)
+L = layout(fb, "PyTreeDef")
+LD = layout(fb, "NodeData")
 
 PyTreeDef = jtu.PyTreeDef
 _LEAF = jtu.tree_structure(0)
@@ -201,17 +200,17 @@ def build_treedef(builder, flat: FlatTree) -> int:
                if flat.arities else 0)
     nd = 0
     if data_offs:
-        fb_pytree.StartNodeDataVector(builder, len(data_offs))
+        fb.PyTreeDefStartNodeDataVector(builder, len(data_offs))
         for off in reversed(data_offs):
             builder.PrependUOffsetTRelative(off)
         nd = builder.EndVector()
-    fb_pytree.Start(builder)
-    fb_pytree.AddKinds(builder, kinds)
+    fb.PyTreeDefStart(builder)
+    fb.PyTreeDefAddKinds(builder, kinds)
     if arities:
-        fb_pytree.AddArities(builder, arities)
+        fb.PyTreeDefAddArities(builder, arities)
     if nd:
-        fb_pytree.AddNodeData(builder, nd)
-    return fb_pytree.End(builder)
+        fb.PyTreeDefAddNodeData(builder, nd)
+    return fb.PyTreeDefEnd(builder)
 
 
 def _node_data_key(d):
@@ -244,17 +243,17 @@ def _build_node_data(builder, d) -> int:
     else:  # custom
         name = builder.CreateString(d[1])
         aux = builder.CreateByteVector(d[2])
-    fb_node_data.Start(builder)
+    fb.NodeDataStart(builder)
     if key_kind:
-        fb_node_data.AddKeyKind(builder, key_kind)
-    for add, off in ((fb_node_data.AddStrKeys, str_keys),
-                     (fb_node_data.AddIntKeys, int_keys),
-                     (fb_node_data.AddName, name),
-                     (fb_node_data.AddFields, fields),
-                     (fb_node_data.AddAuxdata, aux)):
+        fb.NodeDataAddKeyKind(builder, key_kind)
+    for add, off in ((fb.NodeDataAddStrKeys, str_keys),
+                     (fb.NodeDataAddIntKeys, int_keys),
+                     (fb.NodeDataAddName, name),
+                     (fb.NodeDataAddFields, fields),
+                     (fb.NodeDataAddAuxdata, aux)):
         if off:
             add(builder, off)
-    return fb_node_data.End(builder)
+    return fb.NodeDataEnd(builder)
 
 
 # ------------------------------------------------------------------ decode

@@ -14,12 +14,11 @@ from jax._src import mesh as jmesh
 from jax._src import sharding_impls
 from jax._src.lib import xla_client as xc
 
-import jaxcolo_fb.HloSharding as fb_hlo
-import jaxcolo_fb.PartitionSpec as fb_spec
-import jaxcolo_fb.Sharding as fb_sharding
-from jaxcolo_fb.LeafKind import LeafKind
-from jaxcolo_fb.ShardingKind import ShardingKind
-from jaxcolo_fb.SpecEntry import SpecEntry
+import jaxcolo_fb as fb
+from jaxcolo_fb import LeafKind
+from jaxcolo_fb import ShardingKind
+from jaxcolo_fb import SpecEntry
+from jaxcolo.codec import opsharding
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.mesh import intern_abstract_mesh, intern_device_list, \
     intern_mesh
@@ -27,9 +26,9 @@ from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.wire import layout
 
-LP = layout(fb_spec)
-LS = layout(fb_sharding)
-LH = layout(fb_hlo)
+LP = layout(fb, "PartitionSpec")
+LS = layout(fb, "Sharding")
+LH = layout(fb, "HloSharding")
 
 P = jax.sharding.PartitionSpec
 UNCONSTRAINED = P.UNCONSTRAINED
@@ -68,15 +67,15 @@ def build_partition_spec(writer, builder, item) -> int:
     counts_off = (builder.CreateNumpyVector(np.asarray(counts, np.uint32))
                   if counts else 0)
     entries_off = builder.CreateByteVector(entries)
-    fb_spec.Start(builder)
-    fb_spec.AddEntries(builder, entries_off)
-    for add, off in ((fb_spec.AddAxesCounts, counts_off),
-                     (fb_spec.AddAxisNames, names_off),
-                     (fb_spec.AddReduced, red_off),
-                     (fb_spec.AddUnreduced, unred_off)):
+    fb.PartitionSpecStart(builder)
+    fb.PartitionSpecAddEntries(builder, entries_off)
+    for add, off in ((fb.PartitionSpecAddAxesCounts, counts_off),
+                     (fb.PartitionSpecAddAxisNames, names_off),
+                     (fb.PartitionSpecAddReduced, red_off),
+                     (fb.PartitionSpecAddUnreduced, unred_off)):
         if off:
             add(builder, off)
-    return fb_spec.End(builder)
+    return fb.PartitionSpecEnd(builder)
 
 
 _SPEC_CACHE: dict = {}
@@ -139,25 +138,19 @@ def intern_partition_spec(writer, spec, path) -> int:
 # -------------------------------------------------------------- hlo sharding
 
 def _hlo_bytes(hlo) -> bytes:
-    return hlo.to_proto().SerializeToString()
+    return opsharding.canonical(hlo)
 
 
 def build_hlo_sharding(writer, builder, blob) -> int:
     off = builder.CreateByteVector(blob)
-    fb_hlo.Start(builder)
-    fb_hlo.AddOpSharding(builder, off)
-    return fb_hlo.End(builder)
+    fb.HloShardingStart(builder)
+    fb.HloShardingAddOpSharding(builder, off)
+    return fb.HloShardingEnd(builder)
 
 
 def decode_hlo_sharding(reader, t, path):
     blob = t.bytes(LH.op_sharding, path, "op_sharding") or b""
-    try:
-        proto = xc.OpSharding()
-        proto.ParseFromString(blob)
-        return xc.HloSharding.from_proto(proto)
-    except Exception as e:
-        raise PayloadError(f"invalid OpSharding proto: {e}",
-                           f"{path}.op_sharding") from None
+    return opsharding.parse(blob, f"{path}.op_sharding")
 
 
 def intern_hlo_sharding(writer, hlo, path) -> int:
@@ -201,16 +194,16 @@ def sharding_item(writer, s, path):
 def build_sharding(writer, builder, item) -> int:
     kind, mesh_ref, amesh_ref, spec_ref, memory_kind, dl, hs = item
     mk = builder.CreateString(memory_kind) if memory_kind is not None else 0
-    fb_sharding.Start(builder)
-    fb_sharding.AddKind(builder, kind)
-    fb_sharding.AddMesh(builder, mesh_ref)
-    fb_sharding.AddAbstractMesh(builder, amesh_ref)
-    fb_sharding.AddSpec(builder, spec_ref)
+    fb.ShardingStart(builder)
+    fb.ShardingAddKind(builder, kind)
+    fb.ShardingAddMesh(builder, mesh_ref)
+    fb.ShardingAddAbstractMesh(builder, amesh_ref)
+    fb.ShardingAddSpec(builder, spec_ref)
     if mk:
-        fb_sharding.AddMemoryKind(builder, mk)
-    fb_sharding.AddDeviceList(builder, dl)
-    fb_sharding.AddHloSharding(builder, hs)
-    return fb_sharding.End(builder)
+        fb.ShardingAddMemoryKind(builder, mk)
+    fb.ShardingAddDeviceList(builder, dl)
+    fb.ShardingAddHloSharding(builder, hs)
+    return fb.ShardingEnd(builder)
 
 
 def decode_sharding(reader, t, path):

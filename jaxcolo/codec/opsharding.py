@@ -1,0 +1,103 @@
+"""Strict checking of untrusted OpSharding proto bytes.
+
+``xla_client.HloSharding.from_proto`` aborts the whole process (a C++ CHECK)
+on some inconsistent protos, so bytes from a payload are never handed to it
+directly: the visible fields are parsed and checked here, a clean proto is
+rebuilt from them, and the payload bytes must equal that clean proto's
+serialization (jaxcolo writes exactly that canonical form).
+"""
+
+from __future__ import annotations
+
+import math
+
+from jax._src.lib import xla_client as xc
+
+from jaxcolo.errors import PayloadError
+
+T = xc.OpSharding.Type
+MAX_TILES = 1 << 20
+
+
+def canonical(hlo) -> bytes:
+    """Canonical OpSharding bytes of an HloSharding (what jaxcolo writes)."""
+    return _clean(hlo.to_proto()).SerializeToString()
+
+
+def _clean(op):
+    clean = xc.OpSharding()
+    clean.type = op.type
+    clean.tile_assignment_dimensions = list(op.tile_assignment_dimensions)
+    clean.tile_assignment_devices = list(op.tile_assignment_devices)
+    clean.iota_reshape_dims = list(op.iota_reshape_dims)
+    clean.iota_transpose_perm = list(op.iota_transpose_perm)
+    clean.replicate_on_last_tile_dim = op.replicate_on_last_tile_dim
+    clean.last_tile_dims = list(op.last_tile_dims)
+    return clean
+
+
+def _check(op, path: str) -> None:
+    kind = op.type
+    dims = list(op.tile_assignment_dimensions)
+    devs = list(op.tile_assignment_devices)
+    iota = list(op.iota_reshape_dims)
+    perm = list(op.iota_transpose_perm)
+    last = list(op.last_tile_dims)
+    if list(op.tuple_shardings):
+        raise PayloadError("tuple OpShardings are not array shardings", path)
+    if kind in (T.REPLICATED, T.MANUAL, T.UNREDUCED, T.UNKNOWN):
+        if dims or devs or iota or perm or last or op.replicate_on_last_tile_dim:
+            raise PayloadError(f"{kind} sharding with tile assignment", path)
+        return
+    if kind == T.MAXIMAL:
+        if len(devs) != 1 or devs[0] < 0 or dims or iota or perm:
+            raise PayloadError("maximal sharding needs exactly one device",
+                               path)
+        return
+    if kind != T.OTHER:
+        raise PayloadError(f"unsupported OpSharding type {kind}", path)
+    if not dims or any(d < 1 for d in dims) or math.prod(dims) > MAX_TILES:
+        raise PayloadError(f"bad tile assignment dimensions {dims}", path)
+    n = math.prod(dims)
+    if devs:
+        if iota or perm:
+            raise PayloadError("both device list and iota tile assignment",
+                               path)
+        if len(devs) != n or sorted(devs) != list(range(n)):
+            raise PayloadError(
+                f"tile assignment devices must be a permutation of 0..{n - 1}",
+                path)
+    else:
+        if not iota or any(d < 1 for d in iota) or math.prod(iota) != n:
+            raise PayloadError(f"iota dims {iota} do not cover {n} tiles", path)
+        if sorted(perm) != list(range(len(iota))):
+            raise PayloadError(f"iota transpose {perm} is not a permutation",
+                               path)
+    extra = len(last) + (1 if op.replicate_on_last_tile_dim else 0)
+    if op.replicate_on_last_tile_dim and last:
+        raise PayloadError("both replicate_on_last_tile_dim and "
+                           "last_tile_dims", path)
+    if extra >= len(dims) and not (extra == len(dims) == 1
+                                   and op.replicate_on_last_tile_dim):
+        raise PayloadError("more subgroup dims than tile dims", path)
+    if any(t not in (T.REPLICATED, T.MANUAL, T.MAXIMAL, T.UNREDUCED)
+           for t in last):
+        raise PayloadError(f"bad last tile dim types {last}", path)
+
+
+def parse(blob: bytes, path: str):
+    """An HloSharding from canonical OpSharding bytes, or PayloadError."""
+    op = xc.OpSharding()
+    try:
+        op.ParseFromString(blob)
+    except Exception as e:
+        raise PayloadError(f"invalid OpSharding proto: {e}", path) from None
+    _check(op, path)
+    clean = _clean(op)
+    if clean.SerializeToString() != blob:
+        raise PayloadError("OpSharding has fields jaxcolo does not accept "
+                           "(not in canonical form)", path)
+    try:
+        return xc.HloSharding.from_proto(clean)
+    except Exception as e:
+        raise PayloadError(f"invalid OpSharding: {e}", path) from None
