@@ -92,7 +92,12 @@ def parse(blob: bytes, path: str):
         op.ParseFromString(blob)
     except Exception as e:
         raise PayloadError(f"invalid OpSharding proto: {e}", path) from None
-    _check(op, path)
+    try:
+        _check(op, path)
+    except PayloadError:
+        raise
+    except ValueError as e:  # e.g. an enum value outside OpSharding.Type
+        raise PayloadError(f"invalid OpSharding: {e}", path) from None
     clean = _clean(op)
     if clean.SerializeToString() != blob:
         raise PayloadError("OpSharding has fields jaxcolo does not accept "
