@@ -41,7 +41,6 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_check(args) -> int:
-    import jaxcolo
     from jaxcolo.checking import check_readable
     data = open(args.file, "rb").read()
     ok, reason = check_readable(data, args.reader_version)

@@ -1,9 +1,9 @@
 """``jaxcolo.inspect``: a JSON-serialisable description of any payload.
 
 Describes the envelope (versions, root kind, size, checksum) and the content:
-table sizes, the tree structure and each leaf.  Device ids are shown as they
-are in the payload; leaves that need devices this process lacks are reported
-by their raw fields instead of failing.
+table sizes, the tree structure and each leaf.  A payload naming devices this
+process lacks is still described (header, tables, leaf count) with the reason
+its leaves could not be shown.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from jaxcolo import envelope, versions
 from jaxcolo.codec import core
 from jaxcolo.codec import spec_tree
-from jaxcolo.codec.mesh import Resolver
+from jaxcolo.codec.mesh import make_resolver
 from jaxcolo.errors import PayloadError
 
 INSPECTORS: dict = {}  # root kind -> fn(data, header) -> dict of content
@@ -28,9 +28,14 @@ def _payload_kind_name(kind: int) -> str:
 
 def readable_by(header) -> list[int]:
     """Known reader versions that can read a payload with this header."""
-    return [v for v in versions.known_versions()
-            if header.min_reader_version <= v
-            and header.writer_version >= versions.version_info(v).min_readable]
+    out = []
+    for v in versions.known_versions():
+        try:
+            envelope.check_readable(header, v)
+        except PayloadError:
+            continue
+        out.append(v)
+    return out
 
 
 def inspect(data) -> dict:
@@ -53,8 +58,7 @@ def inspect(data) -> dict:
 
 def inspect_spec_tree(data, header) -> dict:
     _, buf, root = spec_tree.open_spec_tree(data, header.min_reader_version)
-    reader = core.Reader(buf, root, spec_tree.L, Resolver(_raw_device_lookup,
-                                                          False))
+    reader = core.Reader(buf, root, spec_tree.L, make_resolver(None))
     tables = {}
     for name, codec in core.TABLES.items():
         if codec.field == name:
@@ -77,11 +81,6 @@ def inspect_spec_tree(data, header) -> dict:
                                            "leaf_kinds") or b"")
         out["devices_unavailable"] = e.reason
     return out
-
-
-def _raw_device_lookup(i):
-    from jaxcolo.codec.mesh import default_device_map
-    return default_device_map().get(i)
 
 
 from jaxcolo_fb import RootKind  # noqa: E402

@@ -291,12 +291,9 @@ def intern_sds(writer, s, path) -> int:
             hash(key)
         except TypeError:
             raise EncodeError(f"unhashable shape {s.shape!r}", path) from None
-        u = writer.uniques.get("avals")
-        aval_ref = u.index.get(key) if u is not None else None
-        if aval_ref is None:
-            item = aval_item(writer, s.shape, s.dtype, s.weak_type,
-                             core.MemorySpace.Device, 0, None, path)
-            aval_ref = writer.intern("avals", key, item)
+        aval_ref = writer.intern("avals", key, make=lambda: aval_item(
+            writer, s.shape, s.dtype, s.weak_type, core.MemorySpace.Device,
+            0, None, path))
         sharding = s.sharding
         sharding_ref = 0
         if sharding is not None:

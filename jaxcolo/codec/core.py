@@ -94,15 +94,17 @@ class Writer:
         if since > self.min_reader:
             self.min_reader = since
 
-    def intern(self, table: str, key: Any, item: Any) -> int:
-        """Index of ``item`` (identified by hashable ``key``) in ``table``."""
+    def intern(self, table: str, key: Any, item: Any = None, *,
+               make: Callable | None = None) -> int:
+        """Index of the entry identified by hashable ``key`` in ``table``;
+        a new entry is ``item``, or ``make()`` (called only when new)."""
         u = self.uniques.get(table)
         if u is None:
             u = self.uniques[table] = Unique()
         i = u.index.get(key)
         if i is None:
             i = u.index[key] = len(u.items)
-            u.items.append(item)
+            u.items.append(make() if make is not None else item)
         return i
 
     def intern_obj(self, table: str, obj: Any, make_item: Callable) -> int:
