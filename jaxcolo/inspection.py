@@ -61,10 +61,15 @@ def inspect_spec_tree(data, header) -> dict:
     reader = core.Reader(buf, root, spec_tree.L, make_resolver(None))
     tables = {}
     for name, codec in core.TABLES.items():
-        if codec.field == name:
-            n = root.vector_length(getattr(spec_tree.L, name), 4, "$", name)
-            if n:
-                tables[name] = n
+        if codec.field in tables:
+            continue
+        if codec.open is not None:  # columnar
+            n = reader.count(name)
+        else:
+            n = root.vector_length(getattr(spec_tree.L, codec.field), 4, "$",
+                                   codec.field)
+        if n:
+            tables[codec.field] = n
     out = {"tables": tables}
     try:
         obj = spec_tree.decode_root(reader)

@@ -108,7 +108,7 @@ def test_unknown_enum_value_named():
     assert len(diffs) == 1
     data[diffs[0]] = 250
     with pytest.raises(jaxcolo.PayloadError,
-                       match=r"unknown DType value 250.*\$\.avals\[0\]\.dtype\.kind"):
+                       match=r"unknown DType value 250.*\$\.dtypes\[0\]\.kind"):
         jaxcolo.deserialize(fuzz_payloads.fix_crc(bytes(data)))
 
 

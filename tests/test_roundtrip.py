@@ -208,5 +208,7 @@ def test_generated_readers_read_our_payloads():
         mesh.device_ids.ravel().tolist()
     assert [m.AxisNames(i).decode() for i in range(m.AxisNamesLength())] == \
         ["x", "y"]
-    assert root.Avals(0).DimsAsNumpy().tolist() == [3, 5]
+    arrays = root.Arrays()
+    assert arrays.RanksAsNumpy().tolist() == [2]
+    assert arrays.DimsAsNumpy().tolist() == [3, 5]
     assert root.LeafKindsAsNumpy().tolist() == [3, 0]

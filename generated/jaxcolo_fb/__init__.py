@@ -75,10 +75,12 @@ class KeyKind(object):
     int = 2
 
 
-class MemorySpace(object):
-    Device = 0
-    Host = 1
-    Any = 2
+# Bits of ArraySpecs.flags.  Unknown bits are rejected by readers.
+class ArrayFlags(object):
+    weak_type = 1
+    is_ref = 2
+    host_memory = 4
+    any_memory = 8
 
 
 class AxisType(object):
@@ -647,54 +649,262 @@ def ManualAxisTypeEnd(builder):
 
 
 
-# A shaped abstract value (core.ShapedArray, and the shape part of
-# ShapeDtypeStruct).
-class Aval(object):
+# The unique array specs of a payload (ShapeDtypeStruct and ShapedArray
+# leaves), stored as columns so that N entries cost a fixed handful of
+# vectors.  Entry i has rank ranks[i]; its dims are the next ranks[i] values
+# of dims (entries in order).  All per-entry columns have one value per entry.
+#
+# A ShapeDtypeStruct leaf and a ShapedArray leaf may share an entry; the leaf
+# kind says which object is built.  For ShapeDtypeStruct, sharding 0 means
+# None; for ShapedArray it means the default (empty-mesh) sharding.
+class ArraySpecs(object):
     __slots__ = ['_tab']
 
     @classmethod
     def GetRootAs(cls, buf, offset=0):
         n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
-        x = Aval()
+        x = ArraySpecs()
         x.Init(buf, n + offset)
         return x
 
     @classmethod
-    def GetRootAsAval(cls, buf, offset=0):
+    def GetRootAsArraySpecs(cls, buf, offset=0):
         """This method is deprecated. Please switch to GetRootAs."""
         return cls.GetRootAs(buf, offset)
-    # Aval
+    # ArraySpecs
     def Init(self, buf, pos):
         self._tab = flatbuffers.table.Table(buf, pos)
 
-    # Aval
-    def Dims(self, j):
+    # ArraySpecs
+    def Ranks(self, j):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
         if o != 0:
             a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Int64Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 8))
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
         return 0
 
-    # Aval
-    def DimsAsNumpy(self):
+    # ArraySpecs
+    def RanksAsNumpy(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
         if o != 0:
-            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int64Flags, o)
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
         return 0
 
-    # Aval
-    def DimsLength(self):
+    # ArraySpecs
+    def RanksLength(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
-    # Aval
-    def DimsIsNone(self):
+    # ArraySpecs
+    def RanksIsNone(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
         return o == 0
 
-    # Aval
+    # ArraySpecs
+    def Dims(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 8))
+        return 0
+
+    # ArraySpecs
+    def DimsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int64Flags, o)
+        return 0
+
+    # ArraySpecs
+    def DimsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ArraySpecs
+    def DimsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        return o == 0
+
+    # ArraySpecs
+    def Dtypes(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # ArraySpecs
+    def DtypesAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint32Flags, o)
+        return 0
+
+    # ArraySpecs
+    def DtypesLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ArraySpecs
+    def DtypesIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
+    # ArraySpecs
+    def Shardings(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # ArraySpecs
+    def ShardingsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint32Flags, o)
+        return 0
+
+    # ArraySpecs
+    def ShardingsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ArraySpecs
+    def ShardingsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
+    # ArraySpecs
+    def Flags(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # ArraySpecs
+    def FlagsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # ArraySpecs
+    def FlagsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ArraySpecs
+    def FlagsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        return o == 0
+
+    # ArraySpecs
+    def Extras(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = ArraySpecExtra()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # ArraySpecs
+    def ExtrasLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ArraySpecs
+    def ExtrasIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        return o == 0
+
+def ArraySpecsStart(builder):
+    builder.StartObject(6)
+
+def ArraySpecsAddRanks(builder, ranks):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(ranks), 0)
+
+def ArraySpecsStartRanksVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
+def ArraySpecsAddDims(builder, dims):
+    builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(dims), 0)
+
+def ArraySpecsStartDimsVector(builder, numElems):
+    return builder.StartVector(8, numElems, 8)
+
+def ArraySpecsAddDtypes(builder, dtypes):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(dtypes), 0)
+
+def ArraySpecsStartDtypesVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def ArraySpecsAddShardings(builder, shardings):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(shardings), 0)
+
+def ArraySpecsStartShardingsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def ArraySpecsAddFlags(builder, flags):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(flags), 0)
+
+def ArraySpecsStartFlagsVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
+def ArraySpecsAddExtras(builder, extras):
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(extras), 0)
+
+def ArraySpecsStartExtrasVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def ArraySpecsEnd(builder):
+    return builder.EndObject()
+
+
+
+# The rarely used parts of an array spec.
+class ArraySpecExtra(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = ArraySpecExtra()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsArraySpecExtra(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # ArraySpecExtra
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # ArraySpecExtra
+    def Entry(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # ArraySpecExtra
     def SymbolicDims(self, j):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         if o != 0:
@@ -702,145 +912,26 @@ class Aval(object):
             return self._tab.String(a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
         return ""
 
-    # Aval
+    # ArraySpecExtra
     def SymbolicDimsLength(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
-    # Aval
+    # ArraySpecExtra
     def SymbolicDimsIsNone(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
         return o == 0
 
-    # Aval
+    # ArraySpecExtra
     def Scope(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         if o != 0:
             return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
         return 0
 
-    # Aval
-    def Dtype(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
-        if o != 0:
-            x = self._tab.Indirect(o + self._tab.Pos)
-            obj = DTypeSpec()
-            obj.Init(self._tab.Bytes, x)
-            return obj
-        return None
-
-    # Aval
-    def WeakType(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
-        if o != 0:
-            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
-        return False
-
-    # Aval
-    def MemorySpace(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
-        if o != 0:
-            return self._tab.Get(flatbuffers.number_types.Uint8Flags, o + self._tab.Pos)
-        return 0
-
-    # Aval
-    def Sharding(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
-        if o != 0:
-            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
-        return 0
-
-    # Aval
-    def ManualAxisType(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
-        if o != 0:
-            x = self._tab.Indirect(o + self._tab.Pos)
-            obj = ManualAxisType()
-            obj.Init(self._tab.Bytes, x)
-            return obj
-        return None
-
-def AvalStart(builder):
-    builder.StartObject(8)
-
-def AvalAddDims(builder, dims):
-    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(dims), 0)
-
-def AvalStartDimsVector(builder, numElems):
-    return builder.StartVector(8, numElems, 8)
-
-def AvalAddSymbolicDims(builder, symbolicDims):
-    builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(symbolicDims), 0)
-
-def AvalStartSymbolicDimsVector(builder, numElems):
-    return builder.StartVector(4, numElems, 4)
-
-def AvalAddScope(builder, scope):
-    builder.PrependUint32Slot(2, scope, 0)
-
-def AvalAddDtype(builder, dtype):
-    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(dtype), 0)
-
-def AvalAddWeakType(builder, weakType):
-    builder.PrependBoolSlot(4, weakType, 0)
-
-def AvalAddMemorySpace(builder, memorySpace):
-    builder.PrependUint8Slot(5, memorySpace, 0)
-
-def AvalAddSharding(builder, sharding):
-    builder.PrependUint32Slot(6, sharding, 0)
-
-def AvalAddManualAxisType(builder, manualAxisType):
-    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(manualAxisType), 0)
-
-def AvalEnd(builder):
-    return builder.EndObject()
-
-
-
-# jax.ShapeDtypeStruct.
-class ShapeDtypeStruct(object):
-    __slots__ = ['_tab']
-
-    @classmethod
-    def GetRootAs(cls, buf, offset=0):
-        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
-        x = ShapeDtypeStruct()
-        x.Init(buf, n + offset)
-        return x
-
-    @classmethod
-    def GetRootAsShapeDtypeStruct(cls, buf, offset=0):
-        """This method is deprecated. Please switch to GetRootAs."""
-        return cls.GetRootAs(buf, offset)
-    # ShapeDtypeStruct
-    def Init(self, buf, pos):
-        self._tab = flatbuffers.table.Table(buf, pos)
-
-    # ShapeDtypeStruct
-    def Aval(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
-        if o != 0:
-            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
-        return 0
-
-    # ShapeDtypeStruct
-    def Sharding(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
-        if o != 0:
-            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
-        return 0
-
-    # ShapeDtypeStruct
-    def IsRef(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
-        if o != 0:
-            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
-        return False
-
-    # ShapeDtypeStruct
+    # ArraySpecExtra
     def ManualAxisType(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
         if o != 0:
@@ -850,22 +941,25 @@ class ShapeDtypeStruct(object):
             return obj
         return None
 
-def ShapeDtypeStructStart(builder):
+def ArraySpecExtraStart(builder):
     builder.StartObject(4)
 
-def ShapeDtypeStructAddAval(builder, aval):
-    builder.PrependUint32Slot(0, aval, 0)
+def ArraySpecExtraAddEntry(builder, entry):
+    builder.PrependUint32Slot(0, entry, 0)
 
-def ShapeDtypeStructAddSharding(builder, sharding):
-    builder.PrependUint32Slot(1, sharding, 0)
+def ArraySpecExtraAddSymbolicDims(builder, symbolicDims):
+    builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(symbolicDims), 0)
 
-def ShapeDtypeStructAddIsRef(builder, isRef):
-    builder.PrependBoolSlot(2, isRef, 0)
+def ArraySpecExtraStartSymbolicDimsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
 
-def ShapeDtypeStructAddManualAxisType(builder, manualAxisType):
+def ArraySpecExtraAddScope(builder, scope):
+    builder.PrependUint32Slot(2, scope, 0)
+
+def ArraySpecExtraAddManualAxisType(builder, manualAxisType):
     builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(manualAxisType), 0)
 
-def ShapeDtypeStructEnd(builder):
+def ArraySpecExtraEnd(builder):
     return builder.EndObject()
 
 
@@ -1756,56 +1850,18 @@ class SpecTree(object):
         return o == 0
 
     # SpecTree
-    def Structs(self, j):
+    def Arrays(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
         if o != 0:
-            x = self._tab.Vector(o)
-            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
-            x = self._tab.Indirect(x)
-            obj = ShapeDtypeStruct()
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = ArraySpecs()
             obj.Init(self._tab.Bytes, x)
             return obj
         return None
-
-    # SpecTree
-    def StructsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
-        if o != 0:
-            return self._tab.VectorLen(o)
-        return 0
-
-    # SpecTree
-    def StructsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
-        return o == 0
-
-    # SpecTree
-    def Avals(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
-        if o != 0:
-            x = self._tab.Vector(o)
-            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
-            x = self._tab.Indirect(x)
-            obj = Aval()
-            obj.Init(self._tab.Bytes, x)
-            return obj
-        return None
-
-    # SpecTree
-    def AvalsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
-        if o != 0:
-            return self._tab.VectorLen(o)
-        return 0
-
-    # SpecTree
-    def AvalsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
-        return o == 0
 
     # SpecTree
     def Scopes(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -1817,19 +1873,19 @@ class SpecTree(object):
 
     # SpecTree
     def ScopesLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def ScopesIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
         return o == 0
 
     # SpecTree
     def Dtypes(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -1841,19 +1897,19 @@ class SpecTree(object):
 
     # SpecTree
     def DtypesLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def DtypesIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         return o == 0
 
     # SpecTree
     def Meshes(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -1865,19 +1921,19 @@ class SpecTree(object):
 
     # SpecTree
     def MeshesLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def MeshesIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
         return o == 0
 
     # SpecTree
     def AbstractMeshes(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -1889,19 +1945,19 @@ class SpecTree(object):
 
     # SpecTree
     def AbstractMeshesLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def AbstractMeshesIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
         return o == 0
 
     # SpecTree
     def PartitionSpecs(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -1913,19 +1969,19 @@ class SpecTree(object):
 
     # SpecTree
     def PartitionSpecsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def PartitionSpecsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
         return o == 0
 
     # SpecTree
     def Shardings(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -1937,19 +1993,19 @@ class SpecTree(object):
 
     # SpecTree
     def ShardingsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def ShardingsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
         return o == 0
 
     # SpecTree
     def DeviceLists(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -1961,19 +2017,19 @@ class SpecTree(object):
 
     # SpecTree
     def DeviceListsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def DeviceListsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
         return o == 0
 
     # SpecTree
     def Devices(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
         if o != 0:
             a = self._tab.Vector(o)
             return self._tab.Get(flatbuffers.number_types.Int64Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 8))
@@ -1981,26 +2037,26 @@ class SpecTree(object):
 
     # SpecTree
     def DevicesAsNumpy(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
         if o != 0:
             return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int64Flags, o)
         return 0
 
     # SpecTree
     def DevicesLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def DevicesIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
         return o == 0
 
     # SpecTree
     def Treedefs(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -2012,19 +2068,19 @@ class SpecTree(object):
 
     # SpecTree
     def TreedefsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def TreedefsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
         return o == 0
 
     # SpecTree
     def Effects(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -2036,19 +2092,19 @@ class SpecTree(object):
 
     # SpecTree
     def EffectsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def EffectsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
         return o == 0
 
     # SpecTree
     def PrngImpls(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
         if o != 0:
             a = self._tab.Vector(o)
             return self._tab.String(a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
@@ -2056,19 +2112,19 @@ class SpecTree(object):
 
     # SpecTree
     def PrngImplsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def PrngImplsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
         return o == 0
 
     # SpecTree
     def HloShardings(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(36))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
         if o != 0:
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
@@ -2080,18 +2136,18 @@ class SpecTree(object):
 
     # SpecTree
     def HloShardingsLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(36))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # SpecTree
     def HloShardingsIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(36))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
         return o == 0
 
 def SpecTreeStart(builder):
-    builder.StartObject(17)
+    builder.StartObject(16)
 
 def SpecTreeAddStructure(builder, structure):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(structure), 0)
@@ -2108,86 +2164,77 @@ def SpecTreeAddLeafRefs(builder, leafRefs):
 def SpecTreeStartLeafRefsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
-def SpecTreeAddStructs(builder, structs):
-    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(structs), 0)
-
-def SpecTreeStartStructsVector(builder, numElems):
-    return builder.StartVector(4, numElems, 4)
-
-def SpecTreeAddAvals(builder, avals):
-    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(avals), 0)
-
-def SpecTreeStartAvalsVector(builder, numElems):
-    return builder.StartVector(4, numElems, 4)
+def SpecTreeAddArrays(builder, arrays):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(arrays), 0)
 
 def SpecTreeAddScopes(builder, scopes):
-    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(scopes), 0)
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(scopes), 0)
 
 def SpecTreeStartScopesVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeAddDtypes(builder, dtypes):
-    builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(dtypes), 0)
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(dtypes), 0)
 
 def SpecTreeStartDtypesVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeAddMeshes(builder, meshes):
-    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(meshes), 0)
+    builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(meshes), 0)
 
 def SpecTreeStartMeshesVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeAddAbstractMeshes(builder, abstractMeshes):
-    builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(abstractMeshes), 0)
+    builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(abstractMeshes), 0)
 
 def SpecTreeStartAbstractMeshesVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeAddPartitionSpecs(builder, partitionSpecs):
-    builder.PrependUOffsetTRelativeSlot(9, flatbuffers.number_types.UOffsetTFlags.py_type(partitionSpecs), 0)
+    builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(partitionSpecs), 0)
 
 def SpecTreeStartPartitionSpecsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeAddShardings(builder, shardings):
-    builder.PrependUOffsetTRelativeSlot(10, flatbuffers.number_types.UOffsetTFlags.py_type(shardings), 0)
+    builder.PrependUOffsetTRelativeSlot(9, flatbuffers.number_types.UOffsetTFlags.py_type(shardings), 0)
 
 def SpecTreeStartShardingsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeAddDeviceLists(builder, deviceLists):
-    builder.PrependUOffsetTRelativeSlot(11, flatbuffers.number_types.UOffsetTFlags.py_type(deviceLists), 0)
+    builder.PrependUOffsetTRelativeSlot(10, flatbuffers.number_types.UOffsetTFlags.py_type(deviceLists), 0)
 
 def SpecTreeStartDeviceListsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeAddDevices(builder, devices):
-    builder.PrependUOffsetTRelativeSlot(12, flatbuffers.number_types.UOffsetTFlags.py_type(devices), 0)
+    builder.PrependUOffsetTRelativeSlot(11, flatbuffers.number_types.UOffsetTFlags.py_type(devices), 0)
 
 def SpecTreeStartDevicesVector(builder, numElems):
     return builder.StartVector(8, numElems, 8)
 
 def SpecTreeAddTreedefs(builder, treedefs):
-    builder.PrependUOffsetTRelativeSlot(13, flatbuffers.number_types.UOffsetTFlags.py_type(treedefs), 0)
+    builder.PrependUOffsetTRelativeSlot(12, flatbuffers.number_types.UOffsetTFlags.py_type(treedefs), 0)
 
 def SpecTreeStartTreedefsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeAddEffects(builder, effects):
-    builder.PrependUOffsetTRelativeSlot(14, flatbuffers.number_types.UOffsetTFlags.py_type(effects), 0)
+    builder.PrependUOffsetTRelativeSlot(13, flatbuffers.number_types.UOffsetTFlags.py_type(effects), 0)
 
 def SpecTreeStartEffectsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeAddPrngImpls(builder, prngImpls):
-    builder.PrependUOffsetTRelativeSlot(15, flatbuffers.number_types.UOffsetTFlags.py_type(prngImpls), 0)
+    builder.PrependUOffsetTRelativeSlot(14, flatbuffers.number_types.UOffsetTFlags.py_type(prngImpls), 0)
 
 def SpecTreeStartPrngImplsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeAddHloShardings(builder, hloShardings):
-    builder.PrependUOffsetTRelativeSlot(16, flatbuffers.number_types.UOffsetTFlags.py_type(hloShardings), 0)
+    builder.PrependUOffsetTRelativeSlot(15, flatbuffers.number_types.UOffsetTFlags.py_type(hloShardings), 0)
 
 def SpecTreeStartHloShardingsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)

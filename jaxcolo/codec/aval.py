@@ -1,14 +1,21 @@
-"""Abstract values: core.ShapedArray and jax.ShapeDtypeStruct.
+"""Array specs: jax.ShapeDtypeStruct and core.ShapedArray leaves.
 
-Shapes may hold symbolic dimensions (jax.export shape polymorphism).  They are
-written as JAX spells them and parsed back with JAX's own shape_poly parser in
-a SymbolicScope rebuilt from the stored constraints.  Scopes are interned by
-their constraints within a process, so a round trip in one process gives dims
-that compare equal to the originals (JAX compares dims by scope identity).
+Both are stored in one columnar unique table, ``SpecTree.arrays``
+(schema: ArraySpecs): ranks, concatenated dims, dtype and sharding references
+and flag bits, one value per entry, plus sparse ``extras`` for the rare parts
+(symbolic dims with their scope, manual axis types).  N distinct specs thus
+cost a fixed handful of vectors to write and to read.
+
+Symbolic dimensions (jax.export shape polymorphism) are written as JAX spells
+them and parsed back with JAX's own shape_poly parser in a SymbolicScope
+rebuilt from the stored constraints.  Scopes are interned by their constraints
+within a process, so a round trip in one process gives dims that compare
+equal to the originals (JAX compares dims by scope identity).
 """
 
 from __future__ import annotations
 
+import itertools
 import weakref
 
 import jax
@@ -17,27 +24,29 @@ from jax._src import core
 from jax._src.export import shape_poly
 
 import jaxcolo_fb as fb
-from jaxcolo_fb import LeafKind
-from jaxcolo_fb import MemorySpace as FbMemorySpace
-from jaxcolo.codec.core import register_leaf, register_table
-from jaxcolo.codec.dtypes import build_dtype_spec, decode_dtype_spec, dtype_key
+from jaxcolo_fb import ArrayFlags, LeafKind
+from jaxcolo.codec.core import register_columns, register_leaf, register_table
+from jaxcolo.codec.dtypes import intern_dtype
 from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.codec.sharding import intern_sharding
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.wire import layout
 
-LA = layout(fb, "Aval")
-LS = layout(fb, "ShapeDtypeStruct")
+LA = layout(fb, "ArraySpecs")
+LX = layout(fb, "ArraySpecExtra")
 LM = layout(fb, "ManualAxisType")
 LC = layout(fb, "SymbolicScope")
 
-_MEM_TO_FB = {core.MemorySpace.Device: FbMemorySpace.Device,
-              core.MemorySpace.Host: FbMemorySpace.Host,
-              core.MemorySpace.Any: FbMemorySpace.Any}
-_FB_TO_MEM = {v: k for k, v in _MEM_TO_FB.items()}
+_MEMORY_FLAGS = {core.MemorySpace.Device: 0,
+                 core.MemorySpace.Host: ArrayFlags.host_memory,
+                 core.MemorySpace.Any: ArrayFlags.any_memory}
+_FLAGS_MEMORY = {v: k for k, v in _MEMORY_FLAGS.items()}
+_MEMORY_BITS = ArrayFlags.host_memory | ArrayFlags.any_memory
+_KNOWN_FLAGS = (ArrayFlags.weak_type | ArrayFlags.is_ref | _MEMORY_BITS)
 _EMPTY_MAT = core.ManualAxisType()
 _DimExpr = shape_poly._DimExpr
 SYMBOLIC = -1
+MAX_RANK = 255
 
 # ----------------------------------------------------------------- scopes
 
@@ -81,12 +90,13 @@ def decode_scope(reader, t, path):
                      f"{path}.constraints")
 
 
-# ------------------------------------------------------------------- avals
+# ------------------------------------------------------ manual axis types
 
 def _mat_item(mat):
     if mat is None or mat == _EMPTY_MAT:
         return None
-    return (sorted(mat.varying), sorted(mat.unreduced), sorted(mat.reduced))
+    return (tuple(sorted(mat.varying)), tuple(sorted(mat.unreduced)),
+            tuple(sorted(mat.reduced)))
 
 
 def _build_mat(builder, item) -> int:
@@ -94,7 +104,8 @@ def _build_mat(builder, item) -> int:
         return 0
     offs = [_string_vector(builder, v) if v else 0 for v in item]
     fb.ManualAxisTypeStart(builder)
-    for add, off in zip((fb.ManualAxisTypeAddVarying, fb.ManualAxisTypeAddUnreduced,
+    for add, off in zip((fb.ManualAxisTypeAddVarying,
+                         fb.ManualAxisTypeAddUnreduced,
                          fb.ManualAxisTypeAddReduced), offs):
         if off:
             add(builder, off)
@@ -113,7 +124,12 @@ def _decode_mat(t, path):
         raise PayloadError(f"invalid manual axis type: {e}", path) from None
 
 
+# ------------------------------------------------------------ encoding
+
 def _shape_item(writer, shape, path):
+    """(dims, symbolic dim texts, scope ref) of a shape."""
+    if len(shape) > MAX_RANK:
+        raise EncodeError(f"rank {len(shape)} exceeds {MAX_RANK}", path)
     dims, sym, scope_ref = [], [], 0
     for d in shape:
         if type(d) is int or isinstance(d, (int, np.integer)):
@@ -131,107 +147,50 @@ def _shape_item(writer, shape, path):
             scope_ref = ref
         else:
             raise EncodeError(f"unsupported dimension {d!r}", path)
-    return dims, sym, scope_ref
+    return tuple(dims), tuple(sym), scope_ref
 
 
-def aval_item(writer, shape, dtype, weak_type, memory_space, sharding_ref,
-              mat, path):
+def intern_array(writer, shape, dtype, flags, sharding_ref, mat, path) -> int:
+    """Index of the ArraySpecs entry with these parts."""
     dims, sym, scope_ref = _shape_item(writer, shape, path)
-    mem = _MEM_TO_FB.get(memory_space)
-    if mem is None:
-        raise EncodeError(f"unsupported memory space {memory_space!r}", path)
-    return (dims, sym, scope_ref, dtype, bool(weak_type), mem, sharding_ref,
+    dtype_ref = intern_dtype(writer, dtype, path + ".dtype")
+    item = (dims, sym, scope_ref, dtype_ref, sharding_ref, flags,
             _mat_item(mat))
+    return writer.intern("arrays", item, item)
 
 
-def build_aval(writer, builder, item) -> int:
-    dims, sym, scope_ref, dtype, weak_type, mem, sharding_ref, mat = item
-    dtype_off = build_dtype_spec(builder, dtype, "$.avals")
-    sym_off = _string_vector(builder, sym) if sym else 0
-    mat_off = _build_mat(builder, mat)
-    dims_off = builder.CreateNumpyVector(np.asarray(dims, np.int64))
-    fb.AvalStart(builder)
-    fb.AvalAddDims(builder, dims_off)
-    if sym_off:
-        fb.AvalAddSymbolicDims(builder, sym_off)
-    fb.AvalAddScope(builder, scope_ref)
-    fb.AvalAddDtype(builder, dtype_off)
-    fb.AvalAddWeakType(builder, weak_type)
-    fb.AvalAddMemorySpace(builder, mem)
-    fb.AvalAddSharding(builder, sharding_ref)
-    if mat_off:
-        fb.AvalAddManualAxisType(builder, mat_off)
-    return fb.AvalEnd(builder)
-
-
-def _decode_shape(reader, t, path):
-    dims = t.ints(LA.dims, "i64", path, "dims")
-    n_sym = dims.count(SYMBOLIC)
-    if not n_sym:
-        for d in dims:
-            if d < 0:
-                raise PayloadError(f"negative dimension {d}", f"{path}.dims")
-        return dims
-    sym = t.strings(LA.symbolic_dims, path, "symbolic_dims")
-    if len(sym) != n_sym:
-        raise PayloadError(f"{len(sym)} symbolic dims for {n_sym} markers",
-                           f"{path}.symbolic_dims")
-    scope_ref = t.scalar(LA.scope, "u32", 0, path, "scope")
-    scope = (reader.get("scopes", scope_ref - 1, f"{path}.scope")
-             if scope_ref else scope_for((), path))
-    it = iter(sym)
-    shape = []
-    for i, d in enumerate(dims):
-        if d == SYMBOLIC:
-            text = next(it)
-            try:
-                parsed = shape_poly.symbolic_shape(text, scope=scope)
-            except Exception as e:  # syntax errors, absurd nesting
-                raise PayloadError(f"invalid symbolic dim {text!r}: {e}",
-                                   f"{path}.symbolic_dims") from None
-            if len(parsed) != 1:
-                raise PayloadError(f"{text!r} is not one dimension",
-                                   f"{path}.symbolic_dims")
-            shape.append(parsed[0])
-        elif d < 0:
-            raise PayloadError(f"negative dimension {d}", f"{path}.dims[{i}]")
-        else:
-            shape.append(d)
-    return tuple(shape)
-
-
-def decode_aval_parts(reader, t, path):
-    """(shape, dtype, weak_type, memory_space, sharding, manual_axis_type)."""
-    shape = _decode_shape(reader, t, path)
-    dt = t.table(LA.dtype, path, "dtype")
-    if dt is None:
-        raise PayloadError("dtype missing", f"{path}.dtype")
-    dtype = decode_dtype_spec(dt, f"{path}.dtype")
-    weak = bool(t.scalar(LA.weak_type, "bool", 0, path, "weak_type"))
-    mem_raw = t.scalar(LA.memory_space, "u8", 0, path, "memory_space")
-    mem = _FB_TO_MEM.get(mem_raw)
-    if mem is None:
-        raise PayloadError(f"unknown MemorySpace value {mem_raw}",
-                           f"{path}.memory_space")
-    sharding = reader.get_optional(
-        "shardings", t.scalar(LA.sharding, "u32", 0, path, "sharding"),
-        f"{path}.sharding")
-    mat = _decode_mat(t.table(LA.manual_axis_type, path, "manual_axis_type"),
-                      f"{path}.manual_axis_type")
-    return shape, dtype, weak, mem, sharding, mat
-
-
-def decode_shaped_array(reader, t, path):
-    shape, dtype, weak, mem, sharding, mat = decode_aval_parts(reader, t, path)
-    kw = {}
-    if sharding is not None:
-        kw["sharding"] = sharding
-        if mat is not None:
-            kw["manual_axis_type"] = mat
-    try:
-        return core.ShapedArray(shape, dtype, weak, memory_space=mem, **kw)
-    except Exception as e:
-        raise PayloadError(f"invalid ShapedArray: {e}", path) from None
+def intern_sds(writer, s, path) -> int:
+    writer.require("aval", path)
+    memo = writer.memo
+    hit = memo.get(id(s))
+    if hit is not None and hit[0] is s:
+        return hit[1]
+    mat = getattr(s, "manual_axis_type", None)
+    is_ref = bool(getattr(s, "is_ref", False))
+    sharding = s.sharding
+    try:  # equal specs share an entry without re-deriving its parts
+        fast = ("sds", s.shape, s.dtype, sharding, bool(s.weak_type), is_ref,
+                mat)
+        i = memo.get(fast)
+    except TypeError:
+        fast = i = None
+    if i is None:
+        sharding_ref = 0
+        if sharding is not None:
+            if not isinstance(sharding, jax.sharding.Sharding):
+                raise EncodeError(
+                    f"ShapeDtypeStruct sharding {sharding!r} is not a "
+                    "Sharding", path + ".sharding")
+            sharding_ref = 1 + intern_sharding(writer, sharding,
+                                               path + ".sharding")
+        flags = ((ArrayFlags.weak_type if s.weak_type else 0) |
+                 (ArrayFlags.is_ref if is_ref else 0))
+        i = intern_array(writer, s.shape, s.dtype, flags, sharding_ref, mat,
+                         path)
+        if fast is not None:
+            memo[fast] = i
+    memo[id(s)] = (s, i)
+    return i
 
 
 def _is_default_sharding(aval) -> bool:
@@ -241,82 +200,216 @@ def _is_default_sharding(aval) -> bool:
 
 def intern_shaped_array(writer, aval, path) -> int:
     writer.require("aval", path)
-
-    def make(a):
-        sharding_ref = 0 if _is_default_sharding(a) else \
-            1 + intern_sharding(writer, a.sharding, path + ".sharding")
-        return aval_item(writer, a.shape, a.dtype, a.weak_type,
-                         a.memory_space, sharding_ref, a.manual_axis_type, path)
-    return writer.intern_obj("avals", aval, make)
-
-
-# ------------------------------------------------------- ShapeDtypeStruct
-
-def build_sds(writer, builder, item) -> int:
-    aval_ref, sharding_ref, is_ref, mat = item
-    mat_off = _build_mat(builder, mat)
-    fb.ShapeDtypeStructStart(builder)
-    fb.ShapeDtypeStructAddAval(builder, aval_ref)
-    fb.ShapeDtypeStructAddSharding(builder, sharding_ref)
-    fb.ShapeDtypeStructAddIsRef(builder, is_ref)
-    if mat_off:
-        fb.ShapeDtypeStructAddManualAxisType(builder, mat_off)
-    return fb.ShapeDtypeStructEnd(builder)
+    memo = writer.memo
+    hit = memo.get(id(aval))
+    if hit is not None and hit[0] is aval:
+        return hit[1]
+    mem = _MEMORY_FLAGS.get(aval.memory_space)
+    if mem is None:
+        raise EncodeError(f"unsupported memory space {aval.memory_space!r}",
+                          path)
+    sharding_ref = 0 if _is_default_sharding(aval) else \
+        1 + intern_sharding(writer, aval.sharding, path + ".sharding")
+    flags = (ArrayFlags.weak_type if aval.weak_type else 0) | mem
+    i = intern_array(writer, aval.shape, aval.dtype, flags, sharding_ref,
+                     aval.manual_axis_type, path)
+    memo[id(aval)] = (aval, i)
+    return i
 
 
-def decode_sds(reader, t, path):
-    aval_ref = t.scalar(LS.aval, "u32", 0, path, "aval")
-    shape, dtype, weak, _, _, _ = reader.get("aval_parts", aval_ref,
-                                             f"{path}.aval")
-    sharding = reader.get_optional(
-        "shardings", t.scalar(LS.sharding, "u32", 0, path, "sharding"),
-        f"{path}.sharding")
-    is_ref = bool(t.scalar(LS.is_ref, "bool", 0, path, "is_ref"))
-    mat = _decode_mat(t.table(LS.manual_axis_type, path, "manual_axis_type"),
-                      f"{path}.manual_axis_type")
+def build_arrays(writer, builder, items) -> int:
+    """The ArraySpecs table of all interned entries (bottom-up)."""
+    extras = []
+    for i, (dims, sym, scope_ref, _, _, _, mat) in enumerate(items):
+        if sym or mat is not None:
+            extras.append((i, sym, scope_ref, mat))
+    extra_offs = []
+    for i, sym, scope_ref, mat in extras:
+        sym_off = _string_vector(builder, sym) if sym else 0
+        mat_off = _build_mat(builder, mat)
+        fb.ArraySpecExtraStart(builder)
+        fb.ArraySpecExtraAddEntry(builder, i)
+        if sym_off:
+            fb.ArraySpecExtraAddSymbolicDims(builder, sym_off)
+        if scope_ref:
+            fb.ArraySpecExtraAddScope(builder, scope_ref)
+        if mat_off:
+            fb.ArraySpecExtraAddManualAxisType(builder, mat_off)
+        extra_offs.append(fb.ArraySpecExtraEnd(builder))
+    extras_off = 0
+    if extra_offs:
+        builder.StartVector(4, len(extra_offs), 4)
+        for off in reversed(extra_offs):
+            builder.PrependUOffsetTRelative(off)
+        extras_off = builder.EndVector()
+    ranks = builder.CreateByteVector(bytes(len(it[0]) for it in items))
+    dims = builder.CreateNumpyVector(np.fromiter(
+        itertools.chain.from_iterable(it[0] for it in items), np.int64))
+    dtypes = builder.CreateNumpyVector(
+        np.fromiter((it[3] for it in items), np.uint32, len(items)))
+    shardings = builder.CreateNumpyVector(
+        np.fromiter((it[4] for it in items), np.uint32, len(items)))
+    flags = builder.CreateByteVector(bytes(it[5] for it in items))
+    fb.ArraySpecsStart(builder)
+    fb.ArraySpecsAddRanks(builder, ranks)
+    fb.ArraySpecsAddDims(builder, dims)
+    fb.ArraySpecsAddDtypes(builder, dtypes)
+    fb.ArraySpecsAddShardings(builder, shardings)
+    fb.ArraySpecsAddFlags(builder, flags)
+    if extras_off:
+        fb.ArraySpecsAddExtras(builder, extras_off)
+    return fb.ArraySpecsEnd(builder)
+
+
+# ------------------------------------------------------------ decoding
+
+class ArrayColumns:
+    """The checked columns of one payload's ArraySpecs table."""
+
+    __slots__ = ("ranks", "starts", "dims", "dtypes", "shardings", "flags",
+                 "extras", "path")
+
+    def __init__(self, t, path):
+        self.path = path
+        if t is None:
+            self.ranks = self.dims = self.dtypes = self.shardings = ()
+            self.flags, self.starts, self.extras = b"", (), {}
+            return
+        self.ranks = t.bytes(LA.ranks, path, "ranks") or b""
+        n = len(self.ranks)
+        self.dims = t.ints(LA.dims, "i64", path, "dims")
+        self.dtypes = t.ints(LA.dtypes, "u32", path, "dtypes")
+        self.shardings = t.ints(LA.shardings, "u32", path, "shardings")
+        self.flags = t.bytes(LA.flags, path, "flags") or b""
+        for name in ("dtypes", "shardings", "flags"):
+            if len(getattr(self, name)) != n:
+                raise PayloadError(
+                    f"{len(getattr(self, name))} values for {n} entries",
+                    f"{path}.{name}")
+        self.starts = tuple(itertools.accumulate(self.ranks, initial=0))
+        if self.starts[-1] != len(self.dims):
+            raise PayloadError(f"ranks add up to {self.starts[-1]} but there "
+                               f"are {len(self.dims)} dims", f"{path}.dims")
+        self.extras = {}
+        buf = t.buf
+        for k, pos in enumerate(t.tables(LA.extras, path, "extras")):
+            xpath = f"{path}.extras[{k}]"
+            x = buf.table_at(pos, xpath)
+            entry = x.scalar(LX.entry, "u32", 0, xpath, "entry")
+            if entry >= n or entry in self.extras:
+                raise PayloadError(f"entry {entry} is out of range or "
+                                   "repeated", f"{xpath}.entry")
+            self.extras[entry] = (x, xpath)
+
+    def __len__(self):
+        return len(self.ranks)
+
+
+def open_arrays(reader, t, path) -> ArrayColumns:
+    return ArrayColumns(t, path)
+
+
+def _decode_shape(reader, cols, i, extra, path):
+    dims = cols.dims[cols.starts[i]:cols.starts[i + 1]]
+    n_sym = 0
+    for k, d in enumerate(dims):
+        if d < 0:
+            if d != SYMBOLIC:
+                raise PayloadError(f"negative dimension {d}",
+                                   f"{cols.path}.dims[{cols.starts[i] + k}]")
+            n_sym += 1
+    if not n_sym:
+        return dims
+    if extra is None:
+        raise PayloadError(f"{n_sym} symbolic dims but no extras entry", path)
+    x, xpath = extra
+    sym = x.strings(LX.symbolic_dims, xpath, "symbolic_dims")
+    if len(sym) != n_sym:
+        raise PayloadError(f"{len(sym)} symbolic dims for {n_sym} markers",
+                           f"{xpath}.symbolic_dims")
+    scope_ref = x.scalar(LX.scope, "u32", 0, xpath, "scope")
+    scope = (reader.get("scopes", scope_ref - 1, f"{xpath}.scope")
+             if scope_ref else scope_for((), xpath))
+    it = iter(sym)
+    shape = []
+    for d in dims:
+        if d != SYMBOLIC:
+            shape.append(d)
+            continue
+        text = next(it)
+        try:
+            parsed = shape_poly.symbolic_shape(text, scope=scope)
+        except Exception as e:  # syntax errors, absurd nesting
+            raise PayloadError(f"invalid symbolic dim {text!r}: {e}",
+                               f"{xpath}.symbolic_dims") from None
+        if len(parsed) != 1:
+            raise PayloadError(f"{text!r} is not one dimension",
+                               f"{xpath}.symbolic_dims")
+        shape.append(parsed[0])
+    return tuple(shape)
+
+
+def _decode_parts(reader, cols, i, path):
+    """(shape, dtype, flags, sharding ref, manual axis type) of entry i."""
+    flags = cols.flags[i]
+    if flags & ~_KNOWN_FLAGS or (flags & _MEMORY_BITS) == _MEMORY_BITS:
+        raise PayloadError(f"invalid ArrayFlags {flags:#x}", f"{path}.flags")
+    extra = cols.extras.get(i)
+    shape = _decode_shape(reader, cols, i, extra, path)
+    dtype = reader.get("dtypes", cols.dtypes[i], f"{path}.dtype")
+    mat = None
+    if extra is not None:
+        x, xpath = extra
+        mat = _decode_mat(x.table(LX.manual_axis_type, xpath,
+                                  "manual_axis_type"),
+                          f"{xpath}.manual_axis_type")
+    return shape, dtype, flags, cols.shardings[i], mat
+
+
+def decode_sds(reader, cols, i, path):
+    shape, dtype, flags, sharding_ref, mat = _decode_parts(reader, cols, i,
+                                                           path)
+    if flags & _MEMORY_BITS:
+        raise PayloadError("a ShapeDtypeStruct has no memory space",
+                           f"{path}.flags")
+    sharding = reader.get_optional("shardings", sharding_ref,
+                                   f"{path}.sharding")
     try:
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding,
-                                    weak_type=weak, manual_axis_type=mat,
-                                    is_ref=is_ref)
+        return jax.ShapeDtypeStruct(
+            shape, dtype, sharding=sharding,
+            weak_type=bool(flags & ArrayFlags.weak_type),
+            manual_axis_type=mat, is_ref=bool(flags & ArrayFlags.is_ref))
     except Exception as e:
         raise PayloadError(f"invalid ShapeDtypeStruct: {e}", path) from None
 
 
-def intern_sds(writer, s, path) -> int:
-    writer.require("aval", path)
-
-    def make(s):
-        try:
-            key = ("sds", tuple(s.shape), dtype_key(s.dtype), bool(s.weak_type))
-            hash(key)
-        except TypeError:
-            raise EncodeError(f"unhashable shape {s.shape!r}", path) from None
-        aval_ref = writer.intern("avals", key, make=lambda: aval_item(
-            writer, s.shape, s.dtype, s.weak_type, core.MemorySpace.Device,
-            0, None, path))
-        sharding = s.sharding
-        sharding_ref = 0
-        if sharding is not None:
-            if not isinstance(sharding, jax.sharding.Sharding):
-                raise EncodeError(
-                    f"ShapeDtypeStruct sharding {sharding!r} is not a "
-                    "Sharding", path + ".sharding")
-            sharding_ref = 1 + intern_sharding(writer, sharding,
-                                               path + ".sharding")
-        return (aval_ref, sharding_ref, bool(getattr(s, "is_ref", False)),
-                _mat_item(getattr(s, "manual_axis_type", None)))
-    return writer.intern_obj("structs", s, make)
+def decode_shaped_array(reader, cols, i, path):
+    shape, dtype, flags, sharding_ref, mat = _decode_parts(reader, cols, i,
+                                                           path)
+    if flags & ArrayFlags.is_ref:
+        raise PayloadError("a ShapedArray has no is_ref", f"{path}.flags")
+    kw = {}
+    sharding = reader.get_optional("shardings", sharding_ref,
+                                   f"{path}.sharding")
+    if sharding is not None:
+        kw["sharding"] = sharding
+        if mat is not None:
+            kw["manual_axis_type"] = mat
+    try:
+        return core.ShapedArray(shape, dtype,
+                                bool(flags & ArrayFlags.weak_type),
+                                memory_space=_FLAGS_MEMORY[
+                                    flags & _MEMORY_BITS], **kw)
+    except Exception as e:
+        raise PayloadError(f"invalid ShapedArray: {e}", path) from None
 
 
-# The aval table serves two readers: ShapedArray leaves decode the whole
-# aval, ShapeDtypeStructs only its shape/dtype/weak_type parts.  Both are
-# memoized per entry; "aval_parts" reads the same vector as "avals".
-
-register_table("avals", build_aval, decode_shaped_array)
-register_table("aval_parts", None, decode_aval_parts, field="avals")
+# ShapeDtypeStruct and ShapedArray leaves are two views of one column table.
+register_columns("structs", "arrays", build_arrays, open_arrays, decode_sds)
+register_columns("shaped_arrays", "arrays", None, open_arrays,
+                 decode_shaped_array)
 register_table("scopes", build_scope, decode_scope)
-register_table("structs", build_sds, decode_sds)
-register_leaf((core.ShapedArray,), LeafKind.shaped_array, "avals",
+register_leaf((core.ShapedArray,), LeafKind.shaped_array, "shaped_arrays",
               intern_shaped_array)
 register_leaf((jax.ShapeDtypeStruct,), LeafKind.shape_dtype_struct, "structs",
               intern_sds)

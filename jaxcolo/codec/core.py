@@ -29,6 +29,12 @@ class TableCodec:
     build: Callable  # (writer, builder, item) -> offset
     decode: Callable  # (reader, Table, path) -> object
     field: str  # the SpecTree vector holding the entries
+    # Columnar tables: the SpecTree field is one table of columns, built from
+    # all items at once, ``build(writer, builder, items) -> offset``;
+    # ``open(reader, Table | None, path) -> columns`` (with len()) checks it
+    # once per payload and ``decode(reader, columns, index, path)`` builds
+    # one entry.  Several names may view one field (different leaf types).
+    open: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +53,12 @@ KIND_TABLE: dict[int, str] = {}
 def register_table(name: str, build: Callable, decode: Callable,
                    field: str | None = None) -> None:
     TABLES[name] = TableCodec(name, build, decode, field or name)
+
+
+def register_columns(name: str, field: str, build: Callable | None,
+                     open: Callable, decode: Callable) -> None:
+    """A columnar unique table (see TableCodec.open)."""
+    TABLES[name] = TableCodec(name, build, decode, field, open)
 
 
 def register_leaf(types: tuple, kind: int, table: str, intern: Callable,
@@ -88,11 +100,17 @@ class Writer:
         self.version = version
         self.min_reader = 1
         self.uniques: dict[str, Unique] = {}
+        self.required: set[str] = set()
+        # Per-payload memo for codecs' fast paths (e.g. id(obj) -> (obj, i)).
+        self.memo: dict = {}
 
     def require(self, feature: str, path: str = "$") -> None:
+        if feature in self.required:
+            return
         since = versions.require(feature, self.version, path)
         if since > self.min_reader:
             self.min_reader = since
+        self.required.add(feature)
 
     def intern(self, table: str, key: Any, item: Any = None, *,
                make: Callable | None = None) -> int:
@@ -147,34 +165,52 @@ class Reader:
         self.layout = layout
         self.resolver = resolver
         self.root_path = root_path
-        self._positions: dict[str, list] = {}
-        self._memo: dict[str, list] = {}
+        self._positions: dict[str, list] = {}  # table name -> entry positions
+        self._columns: dict[str, Any] = {}     # field -> opened columns
+        self._memo: dict[str, list] = {}       # table name -> decoded entries
+
+    def _open(self, table: str) -> list:
+        codec = TABLES[table]
+        field = codec.field
+        slot = getattr(self.layout, field)
+        if codec.open is not None:
+            cols = self._columns.get(field)
+            if cols is None:
+                path = f"{self.root_path}.{field}"
+                cols = self._columns[field] = codec.open(
+                    self, self.root.table(slot, self.root_path, field), path)
+            n = len(cols)
+        else:
+            pos = self._positions[table] = self.root.tables(
+                slot, self.root_path, field)
+            n = len(pos)
+        memo = self._memo[table] = [None] * n
+        return memo
 
     def count(self, table: str) -> int:
-        return len(self._table_positions(table))
-
-    def _table_positions(self, table: str) -> list:
-        pos = self._positions.get(table)
-        if pos is None:
-            field = TABLES[table].field
-            pos = self._positions[table] = self.root.tables(
-                getattr(self.layout, field), self.root_path, field)
-            self._memo[table] = [None] * len(pos)
-        return pos
+        memo = self._memo.get(table)
+        return len(memo if memo is not None else self._open(table))
 
     def get(self, table: str, index: int, path: str) -> Any:
         """Entry ``index`` of unique table ``table``, decoded once."""
-        positions = self._table_positions(table)
-        if not 0 <= index < len(positions):
+        memo = self._memo.get(table)
+        if memo is None:
+            memo = self._open(table)
+        if not 0 <= index < len(memo):
             raise PayloadError(
                 f"reference {index} out of range: {table} has "
-                f"{len(positions)} entries", path)
-        memo = self._memo[table]
+                f"{len(memo)} entries", path)
         obj = memo[index]
         if obj is None:
-            entry_path = f"{self.root_path}.{TABLES[table].field}[{index}]"
-            t = self.buf.table_at(positions[index], entry_path)
-            obj = TABLES[table].decode(self, t, entry_path)
+            codec = TABLES[table]
+            entry_path = f"{self.root_path}.{codec.field}[{index}]"
+            if codec.open is not None:
+                obj = codec.decode(self, self._columns[codec.field], index,
+                                   entry_path)
+            else:
+                t = self.buf.table_at(self._positions[table][index],
+                                      entry_path)
+                obj = codec.decode(self, t, entry_path)
             memo[index] = obj
         return obj
 

@@ -18,7 +18,7 @@ from jaxcolo_fb import DType
 from jaxcolo_fb import LeafKind
 from jaxcolo_fb import StringNA
 from jaxcolo.codec.core import register_leaf, register_table
-from jaxcolo.errors import PayloadError
+from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.wire import check_enum, enum_values, layout
 
 L = layout(fb, "DTypeSpec")
@@ -168,12 +168,26 @@ def _decode_dtype_entry(reader, t, path):
     return decode_dtype_spec(t, path)
 
 
-def _intern_dtype(writer, dtype, path):
+def intern_dtype(writer, dtype, path) -> int:
+    """Index of ``dtype`` in the payload's dtypes table (EncodeError with
+    ``path`` for a dtype the schema cannot express)."""
+    def make():
+        describe(dtype, path)  # fail here, with the path, not when building
+        return dtype
+    try:
+        key = dtype_key(dtype)
+        hash(key)
+    except TypeError:
+        describe(dtype, path)
+        raise EncodeError(f"unsupported dtype {dtype!r}", path) from None
+    return writer.intern("dtypes", key, make=make)
+
+
+def _intern_dtype_leaf(writer, dtype, path):
     writer.require("dtype", path)
-    describe(dtype, path)  # fail early, with the leaf's path
-    return writer.intern("dtypes", dtype_key(dtype), dtype)
+    return intern_dtype(writer, dtype, path)
 
 
 register_table("dtypes", _build_dtype_entry, _decode_dtype_entry)
-register_leaf((np.dtype, prng.KeyTy), LeafKind.dtype, "dtypes", _intern_dtype,
+register_leaf((np.dtype, prng.KeyTy), LeafKind.dtype, "dtypes", _intern_dtype_leaf,
               subclasses=True)

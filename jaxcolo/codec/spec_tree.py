@@ -87,8 +87,11 @@ def build_tables(writer: core.Writer, builder) -> dict:
     for name, codec in core.TABLES.items():
         if codec.build is None or name in _SCALAR_VECTORS:
             continue
-        items = writer.items(name)
+        items = writer.items(codec.field)
         if not items:
+            continue
+        if codec.open is not None:  # columnar: one table for all items
+            offsets[codec.field] = codec.build(writer, builder, items)
             continue
         offs = [codec.build(writer, builder, it) for it in items]
         builder.StartVector(4, len(offs), 4)
