@@ -3,7 +3,13 @@
 Layout (little endian), documented also in schema/jaxcolo.fbs::
 
     magic "JXCO" | writer_version u16 | min_reader_version u16 |
-    root_kind u8 | flags u8 (0) | reserved u16 (0) | crc32 u32 of bytes[16:]
+    root_kind u8 | flags u8 | reserved u16 (0) | crc32 u32 of bytes[16:]
+
+Flags: bit 0 (``FLAG_ZLIB``) = the body is the flatbuffer deflated with zlib
+(the checksum covers the stored bytes).  Other bits must be 0.  Inflating is
+bounded: at most ``MAX_INFLATE_RATIO`` times the stored size and ``MAX_BODY``
+bytes in all, so memory stays proportional to the payload size; writers only
+compress bodies within that ratio, so every payload they write is readable.
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ from jaxcolo.errors import PayloadError, VersionError
 MAGIC = b"JXCO"
 HEADER = struct.Struct("<4sHHBBHI")
 HEADER_SIZE = HEADER.size  # 16
+FLAG_ZLIB = 0x01
+KNOWN_FLAGS = FLAG_ZLIB
+MAX_INFLATE_RATIO = 256
+MAX_BODY = 2**31 - 1  # the flatbuffer size limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,14 +37,39 @@ class Header:
     root_kind: int
     body_size: int
     crc32: int
+    flags: int = 0
 
 
 def seal(body: bytes | bytearray, root_kind: int, writer_version: int,
-         min_reader_version: int) -> bytes:
-    """Prefix ``body`` (a finished flatbuffer) with the envelope header."""
+         min_reader_version: int, compress: bool = False) -> bytes:
+    """Prefix ``body`` (a finished flatbuffer) with the envelope header;
+    with ``compress``, deflate the body when that makes it smaller."""
+    flags = 0
+    if compress:
+        packed = zlib.compress(body, 1)
+        if len(packed) < len(body) <= MAX_INFLATE_RATIO * len(packed):
+            body, flags = packed, FLAG_ZLIB
     head = HEADER.pack(MAGIC, writer_version, min_reader_version, root_kind,
-                       0, 0, zlib.crc32(body))
+                       flags, 0, zlib.crc32(body))
     return head + body
+
+
+def open_body(data, header: Header) -> bytes:
+    """The flatbuffer after the header, inflated if it is compressed."""
+    stored = bytes(memoryview(data)[HEADER_SIZE:])
+    if not header.flags & FLAG_ZLIB:
+        return stored
+    limit = min(MAX_BODY, MAX_INFLATE_RATIO * len(stored))
+    inflater = zlib.decompressobj()
+    try:
+        body = inflater.decompress(stored, limit)
+    except zlib.error as e:
+        raise PayloadError(f"corrupt compressed body: {e}", "$.body") \
+            from None
+    if not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
+        raise PayloadError("compressed body is truncated, too large or has "
+                           "trailing bytes", "$.body")
+    return body
 
 
 def is_envelope(data) -> bool:
@@ -59,7 +94,7 @@ def read_header(data, *, check_crc: bool = True) -> Header:
         raise PayloadError(
             f"not a jaxcolo payload (magic {magic!r}, expected {MAGIC!r})",
             "$.header.magic")
-    if flags or reserved:
+    if flags & ~KNOWN_FLAGS or reserved:
         raise PayloadError(
             f"reserved header bits set (flags={flags}, reserved={reserved})",
             "$.header.flags")
@@ -67,7 +102,8 @@ def read_header(data, *, check_crc: bool = True) -> Header:
         raise PayloadError(
             "checksum mismatch: the payload is corrupt or truncated",
             "$.header.crc32")
-    return Header(writer, min_reader, kind, len(data) - HEADER_SIZE, crc)
+    return Header(writer, min_reader, kind, len(data) - HEADER_SIZE, crc,
+                  flags)
 
 
 def check_readable(header: Header, reader_version: int | None = None) -> None:

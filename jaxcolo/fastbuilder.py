@@ -32,7 +32,7 @@ class FastBuilder:
     """Subset of flatbuffers.Builder used by generated code and jaxcolo."""
 
     __slots__ = ("buf", "minalign", "vtable", "object_end", "vtables",
-                 "vector_num", "nested")
+                 "vector_num", "nested", "sharedStrings")
 
     def __init__(self, initial_size: int = 0):
         self.buf = bytearray()  # the buffer, reversed
@@ -41,6 +41,7 @@ class FastBuilder:
         self.object_end = 0
         self.vtables: dict[bytes, int] = {}
         self.vector_num = 0
+        self.sharedStrings: dict = {}
 
     def Offset(self) -> int:
         return len(self.buf)
@@ -113,6 +114,13 @@ class FastBuilder:
         self.buf.extend(b[::-1])
         self.buf.extend(_U32(len(b)))
         return len(self.buf)
+
+    def CreateSharedString(self, s) -> int:
+        """CreateString, writing each distinct string once per buffer."""
+        off = self.sharedStrings.get(s)
+        if off is None:
+            off = self.sharedStrings[s] = self.CreateString(s)
+        return off
 
     def CreateByteVector(self, b) -> int:
         b = bytes(b)

@@ -28,9 +28,15 @@ def register_root(kind: int, decode: Callable) -> None:
     DECODERS[kind] = decode
 
 
-def serialize(obj: Any, version: int | None = None) -> bytes:
-    """Encode ``obj`` (containers over spec objects) as a spec payload."""
-    return spec_tree.encode_spec_tree(obj, version)
+def serialize(obj: Any, version: int | None = None, *,
+              compress: bool = True) -> bytes:
+    """Encode ``obj`` (containers over spec objects) as a spec payload.
+
+    ``version``: the schema version to write (default: the newest); a reader
+    of that version reads the result.  ``compress``: deflate the flatbuffer
+    body when that makes it smaller (header flag; any reader inflates it).
+    """
+    return spec_tree.encode_spec_tree(obj, version, compress)
 
 
 def deserialize(data, device_resolver=None) -> Any:

@@ -6,6 +6,8 @@ import struct
 import sys
 
 import jax
+import zlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -36,7 +38,7 @@ def test_checksum_catches_bit_flips():
 @pytest.mark.parametrize("cut", [0, 3, 15, 16, 20, -1, -7])
 def test_truncation(cut):
     obj = corpus.avals()
-    data = jaxcolo.serialize(obj)
+    data = jaxcolo.serialize(obj, compress=False)
     with pytest.raises(jaxcolo.PayloadError):
         jaxcolo.deserialize(data[:cut])
     # With a forged checksum: an error, or (cut padding only) nothing lost.
@@ -72,7 +74,39 @@ def test_version_errors_name_versions():
     with pytest.raises(jaxcolo.PayloadError, match="root kind 77"):
         jaxcolo.deserialize(_with_header(data, kind=77))
     with pytest.raises(jaxcolo.PayloadError, match="reserved header bits"):
-        jaxcolo.deserialize(_with_header(data, flags=1))
+        jaxcolo.deserialize(_with_header(data, flags=2))
+
+
+def _reseal(body: bytes, flags: int) -> bytes:
+    head = envelope.HEADER.pack(envelope.MAGIC, 1, 1, 1, flags, 0,
+                                zlib.crc32(body))
+    return head + body
+
+
+def test_compressed_body_errors():
+    plain = jaxcolo.serialize(corpus.everything(), compress=False)
+    packed = jaxcolo.serialize(corpus.everything())
+    assert packed[8 + 1] == envelope.FLAG_ZLIB and len(packed) < len(plain)
+    assert plain[9] == 0
+    assert jaxcolo.deserialize(plain) == jaxcolo.deserialize(packed)
+    # A plain body flagged as compressed; a truncated and an extended stream.
+    with pytest.raises(jaxcolo.PayloadError, match=r"corrupt compressed body"
+                                                   r".*\$\.body"):
+        jaxcolo.deserialize(_reseal(plain[16:], envelope.FLAG_ZLIB))
+    with pytest.raises(jaxcolo.PayloadError, match="truncated"):
+        jaxcolo.deserialize(_reseal(packed[16:-5], envelope.FLAG_ZLIB))
+    with pytest.raises(jaxcolo.PayloadError, match="trailing"):
+        jaxcolo.deserialize(_reseal(packed[16:] + b"xx", envelope.FLAG_ZLIB))
+    # A deflate bomb (20 MB of zeros in ~20 KB) is refused by the inflate
+    # bound before it is allocated in full; writers never exceed the bound.
+    bomb = zlib.compress(bytes(20_000_000), 9)
+    assert len(bomb) * envelope.MAX_INFLATE_RATIO < 20_000_000
+    with pytest.raises(jaxcolo.PayloadError, match="too large"):
+        jaxcolo.deserialize(_reseal(bomb, envelope.FLAG_ZLIB))
+    for n in (1_000, 1_000_000, 20_000_000):  # whatever writers compress
+        sealed = envelope.seal(bytes(n), 1, 1, 1, compress=True)  # is read
+        header = envelope.read_header(sealed)
+        assert envelope.open_body(sealed, header) == bytes(n)
 
 
 def _find(data: bytes, needle: bytes) -> int:
@@ -83,7 +117,7 @@ def _find(data: bytes, needle: bytes) -> int:
 
 def test_invalid_utf8_named():
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("qqqq",))
-    data = bytearray(jaxcolo.serialize(mesh))
+    data = bytearray(jaxcolo.serialize(mesh, compress=False))
     data[_find(bytes(data), b"qqqq")] = 0xFF
     with pytest.raises(jaxcolo.PayloadError,
                        match=r"invalid UTF-8.*\$\.meshes\[0\]\.axis_names\[0\]"):
@@ -92,7 +126,7 @@ def test_invalid_utf8_named():
 
 def test_huge_vector_length_is_refused_fast():
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("qqqq",))
-    data = bytearray(jaxcolo.serialize(mesh))
+    data = bytearray(jaxcolo.serialize(mesh, compress=False))
     i = _find(bytes(data), b"qqqq")
     data[i - 4:i] = struct.pack("<I", 0xFFFFFFF0)
     with pytest.raises(jaxcolo.PayloadError, match="exceeds the buffer"):
@@ -100,10 +134,11 @@ def test_huge_vector_length_is_refused_fast():
 
 
 def test_unknown_enum_value_named():
-    data = bytearray(jaxcolo.serialize(jax.ShapeDtypeStruct((2,), np.float32)))
+    data = bytearray(jaxcolo.serialize(jax.ShapeDtypeStruct((2,), np.float32),
+                                         compress=False))
     # The only float32 DType byte (10) sits in the DTypeSpec table; find it by
     # re-encoding with float64 (11) and diffing.
-    other = jaxcolo.serialize(jax.ShapeDtypeStruct((2,), np.float64))
+    other = jaxcolo.serialize(jax.ShapeDtypeStruct((2,), np.float64), compress=False)
     diffs = [i for i in range(16, len(data)) if data[i] != other[i]]
     assert len(diffs) == 1
     data[diffs[0]] = 250

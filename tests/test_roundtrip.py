@@ -187,7 +187,8 @@ def test_stateful_effect_registry():
 
 def test_fast_builder_is_byte_identical_to_flatbuffers(monkeypatch):
     import flatbuffers
-    from jaxcolo.codec import spec_tree
+    from jaxcolo.codec import memo, spec_tree
+    monkeypatch.setattr(memo, "_enabled", False)  # really encode twice
     for obj in (corpus.everything(), corpus.meshes(), corpus.avals(),
                 corpus.pytrees(), [np.dtype("f4")] * 3, None):
         fast = jaxcolo.serialize(obj)
@@ -201,7 +202,8 @@ def test_generated_readers_read_our_payloads():
     """The flatc-generated accessors agree with jaxcolo's checked reader."""
     from jaxcolo_fb import SpecTree
     mesh = corpus.meshes()[1]
-    data = jaxcolo.serialize([mesh, jax.ShapeDtypeStruct((3, 5), np.int8)])
+    data = jaxcolo.serialize([mesh, jax.ShapeDtypeStruct((3, 5), np.int8)],
+                             compress=False)
     root = SpecTree.GetRootAs(data[16:], 0)
     m = root.Meshes(0)
     assert [m.DeviceIds(i) for i in range(m.DeviceIdsLength())] == \
@@ -212,3 +214,18 @@ def test_generated_readers_read_our_payloads():
     assert arrays.RanksAsNumpy().tolist() == [2]
     assert arrays.DimsAsNumpy().tolist() == [3, 5]
     assert root.LeafKindsAsNumpy().tolist() == [3, 0]
+
+
+def test_payload_memos_change_nothing(monkeypatch):
+    from jaxcolo.codec import memo
+    tree = corpus.everything()
+    data = jaxcolo.serialize(tree)
+    first, second = jaxcolo.deserialize(data), jaxcolo.deserialize(data)
+    assert first == second == tree
+    assert first is not second and first["pytrees"] is not second["pytrees"]
+    first["avals"].append("mutated")  # a caller's edit never reaches the memo
+    assert jaxcolo.deserialize(data) == tree
+    assert jaxcolo.serialize(tree) == data  # encode memo hit: same bytes
+    monkeypatch.setattr(memo, "_enabled", False)
+    assert jaxcolo.serialize(tree) == data  # and the same without the memos
+    assert jaxcolo.deserialize(data) == tree

@@ -72,7 +72,10 @@ def seed_payloads() -> list[bytes]:
     from tests import corpus
     objs = [corpus.everything(), corpus.meshes(), corpus.shardings(),
             corpus.avals(), corpus.pytrees(), corpus.misc()]
-    return [jaxcolo.serialize(o) for o in objs]
+    # Plain bodies exercise the structural checks; compressed ones the
+    # inflate path.
+    return [jaxcolo.serialize(o, compress=c) for o in objs
+            for c in (False, True)]
 
 
 def run(seeds, n: int, rng: random.Random, slow: float = 2.0):

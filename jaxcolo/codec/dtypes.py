@@ -109,8 +109,8 @@ def describe(dtype, path: str) -> tuple:
 
 def build_dtype_spec(builder, dtype, path: str) -> int:
     kind, impl, coerce, na_kind, text = describe(dtype, path)
-    impl_off = builder.CreateString(impl) if impl is not None else 0
-    text_off = builder.CreateString(text) if text is not None else 0
+    impl_off = builder.CreateSharedString(impl) if impl is not None else 0
+    text_off = builder.CreateSharedString(text) if text is not None else 0
     fb.DTypeSpecStart(builder)
     fb.DTypeSpecAddKind(builder, kind)
     if impl_off:

@@ -114,7 +114,7 @@ def _instance_of(t):
 
 def build_effect(writer, builder, item) -> int:
     name, state = item
-    name_off = builder.CreateString(name)
+    name_off = builder.CreateSharedString(name)
     state_off = builder.CreateByteVector(state) if state is not None else 0
     fb.EffectStart(builder)
     fb.EffectAddTypeName(builder, name_off)

@@ -143,8 +143,8 @@ def _read_axis_names(t, voff, path):
     return names
 
 
-def _mesh_item(mesh):
-    return (np.asarray(mesh.device_ids, np.int64).reshape(-1),
+def _mesh_item(mesh, path):
+    return (device_id_array(mesh.device_ids, path + ".device_ids"),
             tuple(int(s) for s in mesh.devices.shape),
             tuple(mesh.axis_names), mesh.axis_types)
 
@@ -168,7 +168,7 @@ _CACHE_MAX = 512
 
 
 def decode_mesh(reader, t, path):
-    ids = t.ints(LM.device_ids, "i64", path, "device_ids")
+    ids = t.ints(LM.device_ids, "u32", path, "device_ids")
     sizes = t.ints(LM.axis_sizes, "u32", path, "axis_sizes")
     names = _read_axis_names(t, LM.axis_names, path)
     types_ = _read_axis_types(t, LM.axis_types, len(names), path)
@@ -206,14 +206,15 @@ def decode_mesh(reader, t, path):
 
 def intern_mesh(writer, mesh, path) -> int:
     writer.require("mesh", path)
-    return writer.intern_obj("meshes", mesh, _mesh_item)
+    return writer.intern_obj("meshes", mesh,
+                             lambda m: _mesh_item(m, path))
 
 
 # ----------------------------------------------------------- abstract mesh
 
 def _build_abstract_device(builder, dev) -> int:
-    kind = builder.CreateString(dev.device_kind)
-    platform = builder.CreateString(dev.platform) if dev.platform else 0
+    kind = builder.CreateSharedString(dev.device_kind)
+    platform = builder.CreateSharedString(dev.platform) if dev.platform else 0
     fb.AbstractDeviceStart(builder)
     fb.AbstractDeviceAddDeviceKind(builder, kind)
     if dev.num_cores is not None:
@@ -274,8 +275,19 @@ def intern_abstract_mesh(writer, am, path) -> int:
 
 # ------------------------------------------------------ device lists/devices
 
-def device_ids_of(devices) -> np.ndarray:
-    return np.fromiter((d.id for d in devices), np.int64)
+MAX_DEVICE_ID = 2**32 - 1
+
+
+def device_id_array(ids, path) -> np.ndarray:
+    """Device ids as the schema's uint32 vector (EncodeError if out of range)."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() > MAX_DEVICE_ID):
+        raise EncodeError(f"device ids must be in 0..{MAX_DEVICE_ID}", path)
+    return ids.astype(np.uint32)
+
+
+def device_ids_of(devices, path="$") -> np.ndarray:
+    return device_id_array([d.id for d in devices], path)
 
 
 def build_device_list(writer, builder, ids) -> int:
@@ -286,7 +298,7 @@ def build_device_list(writer, builder, ids) -> int:
 
 
 def decode_device_list(reader, t, path):
-    ids = t.ints(LL.device_ids, "i64", path, "device_ids")
+    ids = t.ints(LL.device_ids, "u32", path, "device_ids")
     if not ids:
         raise PayloadError("empty device list", f"{path}.device_ids")
     if len(set(ids)) != len(ids):
@@ -300,12 +312,14 @@ def decode_device_list(reader, t, path):
 
 def intern_device_list(writer, devices, path) -> int:
     writer.require("device_list", path)
-    ids = device_ids_of(devices)
+    ids = device_ids_of(devices, path)
     return writer.intern("device_lists", ids.tobytes(), ids)
 
 
 def intern_device(writer, device, path) -> int:
     writer.require("device_list", path)
+    if not 0 <= device.id <= MAX_DEVICE_ID:
+        raise EncodeError(f"device id {device.id} out of range", path)
     return writer.intern("devices", device.id, device.id)
 
 

@@ -218,7 +218,7 @@ def _node_data_key(d):
 
 
 def _string_vector(builder, strings) -> int:
-    offs = [builder.CreateString(s) for s in strings]
+    offs = [builder.CreateSharedString(s) for s in strings]
     builder.StartVector(4, len(offs), 4)
     for off in reversed(offs):
         builder.PrependUOffsetTRelative(off)
@@ -236,12 +236,12 @@ def _build_node_data(builder, d) -> int:
         elif key_kind == KeyKind.int:
             int_keys = builder.CreateNumpyVector(np.asarray(keys, np.int64))
         if tag == "defaultdict":
-            name = builder.CreateString(d[3])
+            name = builder.CreateSharedString(d[3])
     elif tag == "namedtuple":
-        name = builder.CreateString(d[1])
+        name = builder.CreateSharedString(d[1])
         fields = _string_vector(builder, d[2])
     else:  # custom
-        name = builder.CreateString(d[1])
+        name = builder.CreateSharedString(d[1])
         aux = builder.CreateByteVector(d[2])
     fb.NodeDataStart(builder)
     if key_kind:

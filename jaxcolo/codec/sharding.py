@@ -193,7 +193,7 @@ def sharding_item(writer, s, path):
 
 def build_sharding(writer, builder, item) -> int:
     kind, mesh_ref, amesh_ref, spec_ref, memory_kind, dl, hs = item
-    mk = builder.CreateString(memory_kind) if memory_kind is not None else 0
+    mk = builder.CreateSharedString(memory_kind) if memory_kind is not None else 0
     fb.ShardingStart(builder)
     fb.ShardingAddKind(builder, kind)
     fb.ShardingAddMesh(builder, mesh_ref)

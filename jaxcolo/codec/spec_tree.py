@@ -15,7 +15,7 @@ import jaxcolo_fb as fb
 from jaxcolo_fb import LeafKind
 from jaxcolo_fb import RootKind
 from jaxcolo import envelope, versions
-from jaxcolo.codec import core
+from jaxcolo.codec import core, memo
 from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
 from jaxcolo.codec.mesh import make_resolver
 from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
@@ -60,9 +60,8 @@ def _leaf_path(obj, i: int) -> str:
         return f"$<leaf {i}>"
 
 
-def intern_leaves(writer: core.Writer, obj):
-    """Phase 1: (flat structure, leaf kinds, leaf refs)."""
-    leaves, treedef, flat = _flatten(obj)
+def intern_leaves(writer: core.Writer, obj, leaves):
+    """Phase 1: (leaf kinds, leaf refs) of the flattened ``obj``."""
     n = len(leaves)
     kinds = bytearray(n)
     refs = np.empty(n, np.uint32)
@@ -78,7 +77,7 @@ def intern_leaves(writer: core.Writer, obj):
             refs[i] = codec.intern(writer, leaf, "")
         except EncodeError as e:
             raise EncodeError(e.reason, _leaf_path(obj, i) + e.path) from None
-    return flat, kinds, refs
+    return kinds, refs
 
 
 def build_tables(writer: core.Writer, builder) -> dict:
@@ -101,18 +100,27 @@ def build_tables(writer: core.Writer, builder) -> dict:
     devices = writer.items("devices")
     if devices:
         offsets["devices"] = builder.CreateNumpyVector(
-            np.asarray(devices, np.int64))
+            np.asarray(devices, np.uint32))
     impls = writer.items("prng_impls")
     if impls:
         offsets["prng_impls"] = _string_vector(builder, impls)
     return offsets
 
 
-def encode_spec_tree(obj, version: int | None = None) -> bytes:
+def encode_spec_tree(obj, version: int | None = None,
+                     compress: bool = True) -> bytes:
     version = versions.check_writable(version)
+    leaves, treedef, flat = _flatten(obj)
+    try:
+        key = memo.encode_key((version, compress), treedef, leaves)
+        hit = memo.lookup_encoded(key, leaves)
+    except TypeError:  # unhashable node data: not memoized
+        key = hit = None
+    if hit is not None:
+        return hit
     writer = core.Writer(version)
     writer.require("spec_tree")
-    flat, kinds, refs = intern_leaves(writer, obj)
+    kinds, refs = intern_leaves(writer, obj, leaves)
     builder = BUILDER(256 + 16 * len(kinds))
     offsets = build_tables(writer, builder)
     offsets["structure"] = build_treedef(builder, flat)
@@ -122,8 +130,10 @@ def encode_spec_tree(obj, version: int | None = None) -> bytes:
     for name, off in offsets.items():
         _ADDERS[name](builder, off)
     builder.Finish(fb.SpecTreeEnd(builder))
-    return envelope.seal(builder.Output(), RootKind.spec_tree, version,
-                         writer.min_reader)
+    data = envelope.seal(builder.Output(), RootKind.spec_tree, version,
+                         writer.min_reader, compress)
+    memo.remember_encoded(key, leaves, data)
+    return data
 
 
 class _ScalarLeaves:
@@ -136,7 +146,7 @@ class _ScalarLeaves:
 
     def device(self, ref, path):
         if self.devices is None:
-            self.devices = self.reader.root.ints(L.devices, "i64", "$",
+            self.devices = self.reader.root.ints(L.devices, "u32", "$",
                                                  "devices")
         if ref >= len(self.devices):
             raise PayloadError(f"reference {ref} out of range: devices has "
@@ -162,17 +172,40 @@ def open_spec_tree(data, reader_version=None):
         raise PayloadError(
             f"root kind {header.root_kind} is not a spec tree",
             "$.header.root_kind")
-    buf = Buffer(bytes(data[envelope.HEADER_SIZE:]))
+    buf = Buffer(envelope.open_body(data, header))
     return header, buf, buf.root("$")
 
 
 def decode_spec_tree(data, device_resolver=None):
+    if device_resolver is None:
+        hit = memo.lookup_decoded(data)
+        if hit is not None:
+            return hit[0].unflatten(hit[1])
     _, buf, root = open_spec_tree(data)
     reader = core.Reader(buf, root, L, make_resolver(device_resolver))
-    return decode_root(reader)
+    structure, leaves = decode_leaves(reader)
+    obj = _unflatten(structure, leaves)
+    if device_resolver is None and not root.vector_length(
+            L.scopes, 4, "$", "scopes"):
+        memo.remember_decoded(data, structure, leaves)
+    return obj
 
 
 def decode_root(reader: core.Reader):
+    """The object of an opened spec tree."""
+    return _unflatten(*decode_leaves(reader))
+
+
+def _unflatten(structure, leaves):
+    try:
+        return structure.unflatten(leaves)
+    except Exception as e:  # a registered node's unflatten rejected leaves
+        raise PayloadError(f"cannot rebuild the tree: {e!r}",
+                           "$.structure") from None
+
+
+def decode_leaves(reader: core.Reader):
+    """(PyTreeDef, leaves) of an opened spec tree."""
     root = reader.root
     st = root.table(L.structure, "$", "structure")
     if st is None:
@@ -202,8 +235,4 @@ def decode_root(reader: core.Reader):
             leaves[i] = fn(refs[i], f"$.leaf_refs[{i}]")
         else:
             leaves[i] = get(table, refs[i], f"$.leaf_refs[{i}]")
-    try:
-        return structure.unflatten(leaves)
-    except Exception as e:  # a registered node's unflatten rejected leaves
-        raise PayloadError(f"cannot rebuild the tree: {e!r}",
-                           "$.structure") from None
+    return structure, leaves

@@ -1,0 +1,111 @@
+"""Bounded memos for repeated spec payloads.
+
+Colocated programs encode and decode the same specs over and over (the input
+and output specs of every call of a program).  Two small LRU memos make a
+repeat cheap without changing any result:
+
+* ``DecodeMemo``: decoded payload bytes -> (PyTreeDef, leaves).  A hit returns
+  ``treedef.unflatten(leaves)``, so containers are fresh on every call and only
+  immutable spec objects (shardings, ShapeDtypeStructs, ...) are shared.  Only
+  payloads decoded with the default device resolver and without symbolic
+  scopes are kept (a custom resolver may map ids differently next time, and
+  symbolic dims must bind to the scope that is live at decode time).
+* ``EncodeMemo``: (version, PyTreeDef, the leaves' identities) -> payload.
+  The memo holds the leaves themselves, so an identity can't be reused by
+  another object while its entry lives.
+
+Both are bounded (entries and bytes) and thread safe; ``clear()`` empties
+them, ``set_enabled(False)`` turns them off (benchmarks use this to measure
+the codec itself).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+MAX_ENTRIES = 512
+MAX_PAYLOAD = 64 * 1024  # larger payloads are not memoized
+
+_enabled = True
+
+
+def set_enabled(on: bool) -> None:
+    global _enabled
+    _enabled = bool(on)
+    if not on:
+        clear()
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+class _LRU:
+    def __init__(self, max_entries: int):
+        self.max_entries = max_entries
+        self.entries: collections.OrderedDict = collections.OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            hit = self.entries.get(key)
+            if hit is not None:
+                self.entries.move_to_end(key)
+            return hit
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            self.entries[key] = value
+            self.entries.move_to_end(key)
+            while len(self.entries) > self.max_entries:
+                self.entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+
+
+DECODED = _LRU(MAX_ENTRIES)
+ENCODED = _LRU(MAX_ENTRIES)
+
+
+def clear() -> None:
+    DECODED.clear()
+    ENCODED.clear()
+
+
+def lookup_decoded(data):
+    """The memoized (treedef, leaves) of payload ``data``, or None."""
+    if not _enabled or len(data) > MAX_PAYLOAD:
+        return None
+    return DECODED.get(bytes(data))
+
+
+def remember_decoded(data, treedef, leaves) -> None:
+    if _enabled and len(data) <= MAX_PAYLOAD:
+        DECODED.put(bytes(data), (treedef, tuple(leaves)))
+
+
+def encode_key(version: int, treedef, leaves):
+    if not _enabled:
+        return None
+    return (version, treedef, tuple(map(id, leaves)))
+
+
+def lookup_encoded(key, leaves):
+    if key is None:
+        return None
+    hit = ENCODED.get(key)
+    if hit is None:
+        return None
+    kept, data = hit
+    for a, b in zip(kept, leaves):  # ids match; make sure objects do too
+        if a is not b:
+            return None
+    return data
+
+
+def remember_encoded(key, leaves, data) -> None:
+    if key is not None and len(data) <= MAX_PAYLOAD:
+        ENCODED.put(key, (tuple(leaves), data))
