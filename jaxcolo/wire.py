@@ -29,8 +29,8 @@ _I64 = struct.Struct("<q").unpack_from
 
 _SCALARS = {
     # name: (unpack_from, width)
-    "u8": (_U8, 1), "bool": (_U8, 1), "i32": (_I32, 4), "u32": (_U32, 4),
-    "i64": (_I64, 8),
+    "u8": (_U8, 1), "bool": (_U8, 1), "u16": (_U16, 2), "i32": (_I32, 4),
+    "u32": (_U32, 4), "i64": (_I64, 8),
 }
 
 _NP_LE = {

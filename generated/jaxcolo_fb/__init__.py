@@ -123,6 +123,7 @@ class LeafKind(object):
 class RootKind(object):
     invalid = 0
     spec_tree = 1
+    hello = 4
 
 
 class DTypeSpec(object):
@@ -1758,6 +1759,118 @@ def EffectStartStateVector(builder, numElems):
     return builder.StartVector(1, numElems, 1)
 
 def EffectEnd(builder):
+    return builder.EndObject()
+
+
+
+# The first message each way on a connection.  Its layout never changes in
+# an incompatible way (only appended fields), so any two versions can read
+# each other's Hello and explain a refusal.
+class Hello(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = Hello()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsHello(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # Hello
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # Hello
+    def MinVersion(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint16Flags, o + self._tab.Pos)
+        return 0
+
+    # Hello
+    def MaxVersion(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint16Flags, o + self._tab.Pos)
+        return 0
+
+    # Hello
+    def Role(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Hello
+    def Software(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+    # Hello
+    def HostIndex(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # Hello
+    def DeviceIds(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # Hello
+    def DeviceIdsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint32Flags, o)
+        return 0
+
+    # Hello
+    def DeviceIdsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Hello
+    def DeviceIdsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        return o == 0
+
+def HelloStart(builder):
+    builder.StartObject(6)
+
+def HelloAddMinVersion(builder, minVersion):
+    builder.PrependUint16Slot(0, minVersion, 0)
+
+def HelloAddMaxVersion(builder, maxVersion):
+    builder.PrependUint16Slot(1, maxVersion, 0)
+
+def HelloAddRole(builder, role):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(role), 0)
+
+def HelloAddSoftware(builder, software):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(software), 0)
+
+def HelloAddHostIndex(builder, hostIndex):
+    builder.PrependUint32Slot(4, hostIndex, 0)
+
+def HelloAddDeviceIds(builder, deviceIds):
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(deviceIds), 0)
+
+def HelloStartDeviceIdsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def HelloEnd(builder):
     return builder.EndObject()
 
 

@@ -1,0 +1,219 @@
+"""Authenticated, framed connections between a controller and its workers.
+
+Authentication is multiprocessing.connection's HMAC challenge (both ways,
+with a shared key) on a TCP socket; nothing a peer sends is decoded before it
+has answered the challenge.  Then each side sends a Hello
+(:mod:`jaxcolo.transport.handshake`) and both use the agreed payload version.
+After that every frame is one jaxcolo payload, at most ``MAX_FRAME`` bytes
+(bulk array bytes travel out of band, see :mod:`jaxcolo.transport.blobs`).
+
+Time bounds: connecting, authenticating and the hello exchange each give up
+after ``timeout`` seconds (a silent or slow peer cannot stall a listener: the
+socket is shut down, which wakes the blocked read).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection as mpc
+import os
+import socket
+import threading
+from typing import Callable
+
+from jaxcolo.errors import ExecutorError, PayloadError
+from jaxcolo.transport import handshake
+
+log = logging.getLogger("jaxcolo.transport")
+
+MAX_FRAME = 64 << 20
+DEFAULT_TIMEOUT = 10.0
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {text!r} is not HOST:PORT")
+    return host or "127.0.0.1", int(port)
+
+
+class _Watchdog:
+    """Shuts a socket down unless cancelled within ``timeout`` seconds."""
+
+    def __init__(self, sock: socket.socket, timeout: float):
+        self.fired = False
+        self._sock = sock
+        self._timer = threading.Timer(timeout, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self):
+        self.fired = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def cancel(self):
+        self._timer.cancel()
+
+
+class Channel:
+    """One authenticated connection after the hello exchange.
+
+    ``send``/``recv`` move whole frames; ``version`` is the agreed payload
+    version and ``peer`` the peer's Hello.  Sends are serialised by a lock so
+    several threads may send; one thread should receive.
+    """
+
+    def __init__(self, sock: socket.socket, conn: mpc.Connection,
+                 peer: handshake.Hello, version: int):
+        self._sock = sock
+        self._conn = conn
+        self.peer = peer
+        self.version = version
+        self._send_lock = threading.Lock()
+        self.closed = False
+
+    def send(self, frame: bytes) -> None:
+        if len(frame) > MAX_FRAME:
+            raise ExecutorError(f"frame of {len(frame)} bytes exceeds "
+                                f"{MAX_FRAME}")
+        with self._send_lock:
+            try:
+                self._conn.send_bytes(frame)
+            except (OSError, ValueError) as e:
+                raise ExecutorError(f"connection lost: {e}") from None
+
+    def recv(self, timeout: float | None = None) -> bytes:
+        """The next frame; ExecutorError on EOF, timeout or an oversized
+        frame (the connection is then closed)."""
+        try:
+            if timeout is not None and not self._conn.poll(timeout):
+                raise ExecutorError(f"no message within {timeout}s")
+            return self._conn.recv_bytes(MAX_FRAME)
+        except EOFError:
+            self.close()
+            raise ExecutorError("connection closed by peer") from None
+        except OSError as e:  # includes "bad message length"
+            self.close()
+            raise ExecutorError(f"connection lost: {e}") from None
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._conn.close()
+        self._sock.close()
+
+
+def _authenticate_and_greet(sock, authkey: bytes, hello, timeout: float,
+                            server: bool, need: int) -> Channel:
+    conn = mpc.Connection(os.dup(sock.fileno()))
+    dog = _Watchdog(sock, timeout)
+    try:
+        if server:
+            mpc.deliver_challenge(conn, authkey)
+            mpc.answer_challenge(conn, authkey)
+        else:
+            mpc.answer_challenge(conn, authkey)
+            mpc.deliver_challenge(conn, authkey)
+        conn.send_bytes(handshake.encode_hello(hello))
+        peer = handshake.decode_hello(conn.recv_bytes(4096))
+    except mpc.AuthenticationError as e:
+        conn.close()
+        sock.close()
+        raise ExecutorError(f"authentication failed: {e}") from None
+    except (EOFError, OSError) as e:
+        conn.close()
+        sock.close()
+        why = "timed out" if dog.fired else f"failed ({e or type(e).__name__})"
+        raise ExecutorError(f"connection setup {why}") from None
+    except PayloadError:
+        conn.close()
+        sock.close()
+        raise
+    finally:
+        dog.cancel()
+    try:
+        version = handshake.negotiate(hello, peer, need=need)
+    except Exception:
+        conn.close()
+        sock.close()
+        raise
+    return Channel(sock, conn, peer, version)
+
+
+def connect(address: str | tuple, authkey: bytes, hello, *,
+            timeout: float = DEFAULT_TIMEOUT, need: int = 1) -> Channel:
+    """Connect, authenticate and exchange hellos (client side)."""
+    if isinstance(address, str):
+        address = parse_address(address)
+    try:
+        sock = socket.create_connection(address, timeout=timeout)
+    except OSError as e:
+        raise ExecutorError(f"cannot connect to {address[0]}:{address[1]}: "
+                            f"{e}") from None
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return _authenticate_and_greet(sock, authkey, hello, timeout, False, need)
+
+
+class Listener:
+    """Accepts connections; each is authenticated and greeted in its own
+    thread, then handed to ``on_channel(channel)``.  Refused peers (wrong
+    key, no common version, malformed hello, silence) are logged and
+    dropped; the listener keeps serving."""
+
+    def __init__(self, address: str | tuple, authkey: bytes,
+                 hello_fn: Callable[[], "handshake.Hello"],
+                 on_channel: Callable[[Channel], None], *,
+                 timeout: float = DEFAULT_TIMEOUT, need: int = 1):
+        if isinstance(address, str):
+            address = parse_address(address)
+        self._sock = socket.create_server(address)
+        self.address = self._sock.getsockname()[:2]
+        self._authkey = authkey
+        self._hello_fn = hello_fn
+        self._on_channel = on_channel
+        self._timeout = timeout
+        self._need = need
+        self.refused = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept_loop,
+                                        name="jaxcolo-listener", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self):
+        while not self._closed:
+            try:
+                sock, peer = self._sock.accept()
+            except OSError:
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._setup, args=(sock, peer),
+                             daemon=True).start()
+
+    def _setup(self, sock, peer):
+        try:
+            channel = _authenticate_and_greet(
+                sock, self._authkey, self._hello_fn(), self._timeout, True,
+                self._need)
+        except Exception as e:  # noqa: BLE001 - refuse, log, keep serving
+            self.refused += 1
+            log.warning("refused connection from %s:%s: %s", peer[0], peer[1],
+                        e)
+            return
+        self._on_channel(channel)
+
+    def close(self):
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()

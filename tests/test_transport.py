@@ -1,0 +1,155 @@
+"""Authenticated channels and the hello handshake, over real loopback sockets."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection as mpc
+import os
+import queue
+import socket
+import threading
+import time
+
+import pytest
+
+import jaxcolo
+from jaxcolo import versions
+from jaxcolo.errors import ExecutorError
+from jaxcolo.transport import channel as ch
+from jaxcolo.transport import handshake as hs
+
+KEY = b"test-key-123"
+
+
+def _echo_listener(hello=None, need=1, timeout=5.0):
+    got = queue.Queue()
+
+    def on_channel(c):
+        got.put(c)
+
+        def loop():
+            while True:
+                try:
+                    c.send(c.recv())
+                except ExecutorError:
+                    return
+        threading.Thread(target=loop, daemon=True).start()
+    hello_fn = hello or (lambda: hs.local_hello("worker", host_index=1,
+                                                device_ids=[2, 3]))
+    return ch.Listener("127.0.0.1:0", KEY, hello_fn, on_channel,
+                       timeout=timeout, need=need), got
+
+
+def test_hello_round_trip_and_checks():
+    h = hs.local_hello("worker", host_index=3, device_ids=[4, 5, 6])
+    assert hs.decode_hello(hs.encode_hello(h)) == h
+    assert jaxcolo.inspect(hs.encode_hello(h))["root_kind"] == "hello"
+    with pytest.raises(jaxcolo.PayloadError, match=r"expected a Hello"):
+        hs.decode_hello(jaxcolo.serialize(None))
+    bad = hs.Hello(3, 2, "worker")
+    with pytest.raises(jaxcolo.PayloadError, match=r"invalid version range "
+                                                   r"3\.\.2 - at \$\.min_version"):
+        hs.decode_hello(hs.encode_hello(bad))
+    with pytest.raises(jaxcolo.PayloadError, match=r"unknown role 'x' - at \$\.role"):
+        hs.decode_hello(hs.encode_hello(hs.Hello(1, 2, "x")))
+
+
+def test_negotiate_highest_common_and_refusal_names_both_ranges():
+    ctl = hs.Hello(1, 5, "controller", "new")
+    assert hs.negotiate(ctl, hs.Hello(2, 3, "worker", "old")) == 3
+    assert hs.negotiate(hs.Hello(1, 3, "controller"),
+                        hs.Hello(1, 9, "worker")) == 3
+    with pytest.raises(jaxcolo.VersionError,
+                       match=r"this controller speaks 1\.\.1 \(old\), the worker "
+                             r"speaks 2\.\.4 \(new\).*upgrade this controller"):
+        hs.negotiate(hs.Hello(1, 1, "controller", "old"),
+                     hs.Hello(2, 4, "worker", "new"))
+    with pytest.raises(jaxcolo.VersionError, match=r"upgrade the worker"):
+        hs.negotiate(hs.Hello(5, 6, "controller"), hs.Hello(1, 3, "worker"))
+    with pytest.raises(jaxcolo.VersionError, match=r"need version >= 2"):
+        hs.negotiate(hs.Hello(1, 1, "controller"), hs.Hello(1, 1, "worker"),
+                     need=2)
+
+
+def test_authenticated_echo_with_agreed_version():
+    lis, got = _echo_listener()
+    try:
+        c = ch.connect(lis.address, KEY, hs.local_hello("controller"))
+        assert c.version == versions.SCHEMA_VERSION
+        assert c.peer.role == "worker" and c.peer.device_ids == (2, 3)
+        for n in (0, 1, 1000, 5 << 20):
+            frame = os.urandom(n)
+            c.send(frame)
+            assert c.recv(timeout=10) == frame
+        c.close()
+    finally:
+        lis.close()
+
+
+def test_wrong_key_refused_logged_and_listener_keeps_serving(caplog):
+    lis, got = _echo_listener()
+    try:
+        with caplog.at_level(logging.WARNING, logger="jaxcolo.transport"):
+            with pytest.raises(ExecutorError, match="authentication failed"):
+                ch.connect(lis.address, b"wrong", hs.local_hello("controller"))
+            for _ in range(100):
+                if lis.refused:
+                    break
+                time.sleep(0.02)
+        assert lis.refused == 1 and got.empty()
+        assert "refused connection" in caplog.text
+        c = ch.connect(lis.address, KEY, hs.local_hello("controller"))
+        c.send(b"ok")
+        assert c.recv(timeout=10) == b"ok"
+        c.close()
+    finally:
+        lis.close()
+
+
+def test_version_skew_refused_on_both_sides():
+    lis, got = _echo_listener(need=2)
+    try:
+        old = hs.local_hello("controller", min_version=1, max_version=1)
+        with pytest.raises(jaxcolo.VersionError,
+                           match=r"this controller speaks 1\.\.1.*worker speaks "
+                                 rf"1\.\.{versions.SCHEMA_VERSION}"):
+            ch.connect(lis.address, KEY, old, need=2)
+        c = ch.connect(lis.address, KEY, hs.local_hello("controller"), need=2)
+        assert c.version == versions.SCHEMA_VERSION
+        c.close()
+    finally:
+        lis.close()
+
+
+def test_silent_and_malformed_peers_are_dropped():
+    lis, got = _echo_listener(timeout=0.5)
+    try:
+        silent = socket.create_connection(lis.address)  # never answers
+        # Authenticates, then sends garbage instead of a Hello.
+        raw = socket.create_connection(lis.address)
+        conn = mpc.Connection(os.dup(raw.fileno()))
+        mpc.answer_challenge(conn, KEY)
+        mpc.deliver_challenge(conn, KEY)
+        conn.send_bytes(b"JXCO" + b"\x00" * 40)
+        deadline = time.time() + 5
+        while lis.refused < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        assert lis.refused == 2 and got.empty()
+        silent.close(), conn.close(), raw.close()
+        c = ch.connect(lis.address, KEY, hs.local_hello("controller"))
+        c.close()
+    finally:
+        lis.close()
+
+
+def test_recv_timeout_and_peer_close():
+    lis, got = _echo_listener()
+    try:
+        c = ch.connect(lis.address, KEY, hs.local_hello("controller"))
+        with pytest.raises(ExecutorError, match="no message within"):
+            c.recv(timeout=0.1)
+        got.get(timeout=5).close()
+        with pytest.raises(ExecutorError, match="closed by peer|lost"):
+            c.recv(timeout=5)
+    finally:
+        lis.close()
