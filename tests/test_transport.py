@@ -92,9 +92,8 @@ def test_wrong_key_refused_logged_and_listener_keeps_serving(caplog):
         with caplog.at_level(logging.WARNING, logger="jaxcolo.transport"):
             with pytest.raises(ExecutorError, match="authentication failed"):
                 ch.connect(lis.address, b"wrong", hs.local_hello("controller"))
-            for _ in range(100):
-                if lis.refused:
-                    break
+            deadline = time.time() + 20
+            while not lis.refused and time.time() < deadline:
                 time.sleep(0.02)
         assert lis.refused == 1 and got.empty()
         assert "refused connection" in caplog.text
@@ -131,7 +130,7 @@ def test_silent_and_malformed_peers_are_dropped():
         mpc.answer_challenge(conn, KEY)
         mpc.deliver_challenge(conn, KEY)
         conn.send_bytes(b"JXCO" + b"\x00" * 40)
-        deadline = time.time() + 5
+        deadline = time.time() + 20
         while lis.refused < 2 and time.time() < deadline:
             time.sleep(0.05)
         assert lis.refused == 2 and got.empty()

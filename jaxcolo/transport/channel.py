@@ -204,9 +204,9 @@ class Listener:
                 sock, self._authkey, self._hello_fn(), self._timeout, True,
                 self._need)
         except Exception as e:  # noqa: BLE001 - refuse, log, keep serving
-            self.refused += 1
             log.warning("refused connection from %s:%s: %s", peer[0], peer[1],
                         e)
+            self.refused += 1  # after logging: tests wait on this count
             return
         self._on_channel(channel)
 
