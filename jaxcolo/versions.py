@@ -13,7 +13,7 @@ import dataclasses
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIN_READABLE_VERSION = 1
 
 
@@ -37,6 +37,9 @@ HISTORY: tuple[VersionInfo, ...] = (
         "device_list",
         "effect",
         "prng_impl",
+    )),
+    VersionInfo(2, 1, (
+        "program",            # root kind: a colocated Python program
     )),
 )
 
