@@ -197,6 +197,7 @@ class Specialized:
                 raise ValueError(f"{self.name}: the executor returned "
                                  f"{len(outs)} outputs for "
                                  f"{len(self.out_leaves)} discovered specs")
+            self.program(version)  # later calls find it built
             return self.out_treedef.unflatten(outs)
         finally:
             with self._cond:
