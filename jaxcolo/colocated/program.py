@@ -212,8 +212,15 @@ def read_program(data, reader_version: int | None = None) -> RawProgram:
                       method_name, instance_id, source_info)
 
 
-def _decode_specs(data: bytes, field: str, resolver, *, args_kwargs: bool):
+def _decode_specs(data: bytes, field: str, resolver, writer_version: int, *,
+                  args_kwargs: bool):
     try:
+        nested = envelope.read_header(data, check_crc=False)
+        if nested.writer_version > writer_version:
+            raise PayloadError(
+                f"spec payload of version {nested.writer_version} inside a "
+                f"program of version {writer_version}",
+                "$.header.writer_version")
         tree = spec_tree.decode_spec_tree(data, resolver)
     except PayloadError as e:
         raise PayloadError(e.reason, f"$.{field}{e.path[1:]}") from None
@@ -240,10 +247,11 @@ def decode_program(data, device_resolver=None) -> Program:
     """
     raw = read_program(data)
     resolver = make_resolver(device_resolver)
-    in_specs = _decode_specs(raw.in_specs, "in_specs", resolver,
+    version = raw.header.writer_version
+    in_specs = _decode_specs(raw.in_specs, "in_specs", resolver, version,
                              args_kwargs=True)
     out_specs = None if raw.out_specs is None else _decode_specs(
-        raw.out_specs, "out_specs", resolver, args_kwargs=False)
+        raw.out_specs, "out_specs", resolver, version, args_kwargs=False)
     devices = tuple(resolver.devices(raw.device_ids, "$.device_ids"))
     return Program(raw.name, raw.kind, raw.body, in_specs, out_specs,
                    raw.out_specs is not None, devices, raw.device_ids,
