@@ -32,9 +32,7 @@ class PickleUsed(Exception):
     """Raised by the patched pickle entry points."""
 
 
-@pytest.fixture
-def no_pickle(monkeypatch):
-    """Every way to unpickle raises PickleUsed."""
+def _refuse_pickle(monkeypatch):
     def refuse(*a, **k):
         raise PickleUsed("pickle was used")
 
@@ -45,6 +43,12 @@ def no_pickle(monkeypatch):
         monkeypatch.setattr(mod, "loads", refuse)
         monkeypatch.setattr(mod, "load", refuse)
     monkeypatch.setattr(pickle, "Unpickler", Refusing)
+
+
+@pytest.fixture
+def no_pickle(monkeypatch):
+    """Every way to unpickle raises PickleUsed."""
+    _refuse_pickle(monkeypatch)
 
 
 def _tree_fn(t):
@@ -131,8 +135,12 @@ def test_executor_touches_cloudpickle_only_to_run(programs, monkeypatch):
     assert loads == [body_len]  # same body bytes: loaded once
     assert ex.stats()["programs_decoded"] == 2
     np.testing.assert_array_equal(jax.device_get(out[2]), np.arange(4.0) * 2)  # leaves: keys, s, y
-    assert jaxcolo.deserialize(spec_payload) == jaxcolo.deserialize(
-        read_program(full.payload).out_specs)
+    # The discovered spec payload decodes with every pickle entry point off.
+    with monkeypatch.context() as m:
+        _refuse_pickle(m)
+        discovered = jaxcolo.deserialize(spec_payload)
+    assert discovered == jaxcolo.deserialize(read_program(full.payload).out_specs)
+    assert jaxcolo.inspect(spec_payload)["root_kind"] == "spec_tree"
     ex.close()
 
 
