@@ -5,6 +5,7 @@ Behaviour as users know it from jax.experimental.colocated_python (JAX
 """
 
 import concurrent.futures
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -311,3 +312,42 @@ def test_drop_in_module_surface():
         assert hasattr(jcp, name) and callable(getattr(jaxcolo, name))
     f = jaxcolo.colocated_python(add_one_tree)
     assert f.__name__ == "add_one_tree" and f.__wrapped__ is add_one_tree
+
+
+def test_a_body_may_call_another_colocated_function(executor):
+    inner = jaxcolo.colocated_python(lambda x: x * 10).specialize(
+        out_specs_fn=lambda x: x)
+
+    @jaxcolo.colocated_python
+    def outer(x):
+        return inner(x) + 1
+
+    x = put(2, cpu_devices()[0])
+    assert int(outer(x)) == 21 and int(outer(x)) == 21
+
+
+def test_closed_executor_fails_queued_and_later_calls():
+    ex = jaxcolo.InlineExecutor()
+    d = cpu_devices()[0]
+    x = put(1, d)
+
+    @jaxcolo.colocated_python
+    def slow(x):
+        colocated_state.started.set()
+        colocated_state.release.wait(10)
+        return x
+
+    slow = slow.specialize(out_specs_fn=lambda x: x)
+    colocated_state.started = threading.Event()
+    colocated_state.release = threading.Event()
+    with jaxcolo.use_executor(ex):
+        futs = [slow.submit(x) for _ in range(3)]
+        assert colocated_state.started.wait(10)  # the first call is running
+        ex.close()
+        colocated_state.release.set()
+        assert int(futs[0].result(10)) == 1  # was running: completes
+        for fut in futs[1:]:
+            with pytest.raises(jaxcolo.ExecutorError, match="closed before"):
+                fut.result(10)
+        with pytest.raises(jaxcolo.ExecutorError, match="is closed"):
+            slow(x)

@@ -224,6 +224,13 @@ class ColocatedFunction:
     def __repr__(self):
         return f"<colocated_python {self._target.name}>"
 
+    def __reduce__(self):
+        # A body may call another colocated function: it travels as its
+        # function and specialisation (caches are rebuilt on the host).
+        if not isinstance(self._target, FunctionTarget):
+            raise TypeError(f"cannot pickle colocated method {self!r}")
+        return _rebuild, (self._target.fn, self._specialization)
+
     def __get__(self, obj, objtype=None):  # behaves like a function in classes
         return self if obj is None else functools.partial(self, obj)
 
@@ -371,6 +378,10 @@ def _chain(inner: Future, out_treedef) -> Future:
             outer.set_result(out_treedef.unflatten(f.result()))
     inner.add_done_callback(done)
     return outer
+
+
+def _rebuild(fn, specialization: Specialization) -> ColocatedFunction:
+    return ColocatedFunction(FunctionTarget(fn), specialization)
 
 
 def colocated_python(fun: Callable) -> ColocatedFunction:
