@@ -14,12 +14,23 @@ _LAZY = {
     "deserialize": ("jaxcolo.payload", "deserialize"),
     "inspect": ("jaxcolo.inspection", "inspect"),
     "register_effect": ("jaxcolo.codec.effects", "register_effect"),
+    "colocated_python": ("jaxcolo.colocated.function", "colocated_python"),
+    "colocated_python_class": ("jaxcolo.colocated.objects",
+                               "colocated_python_class"),
+    "colocated_cpu_devices": ("jaxcolo.colocated.devices",
+                              "colocated_cpu_devices"),
+    "Executor": ("jaxcolo.colocated.executor", "Executor"),
+    "InlineExecutor": ("jaxcolo.colocated.inline", "InlineExecutor"),
+    "use_executor": ("jaxcolo.colocated.executor", "use_executor"),
+    "get_executor": ("jaxcolo.colocated.executor", "get_executor"),
 }
 
 __all__ = [
     "serialize", "deserialize", "inspect", "SCHEMA_VERSION",
     "MIN_READABLE_VERSION", "PayloadError", "VersionError", "EncodeError",
-    "ExecutorError", "register_effect",
+    "ExecutorError", "register_effect", "colocated_python",
+    "colocated_python_class", "colocated_cpu_devices", "Executor",
+    "InlineExecutor", "use_executor", "get_executor",
 ]
 
 

@@ -29,15 +29,26 @@ def cmd_inspect(args) -> int:
         return 0
     print(f"{args.file}: {info['format']} {info['root_kind']} payload, "
           f"{info['size']} bytes")
-    for key, value in info.items():
-        if key in ("format", "root_kind", "size", "leaves"):
-            continue
-        print(f"  {key}: {value}")
-    for i, leaf in enumerate(info.get("leaves", [])[:20]):
-        print(f"  leaf[{i}]: {leaf}")
-    if len(info.get("leaves", [])) > 20:
-        print(f"  ... {len(info['leaves']) - 20} more leaves")
+    _print_fields(info, "  ", skip=("format", "root_kind", "size"))
     return 0
+
+
+def _print_fields(info: dict, indent: str, skip=()) -> None:
+    """key: value lines; nested payload descriptions (a program's specs)
+    indented under their key; leaves last, at most 20."""
+    for key, value in info.items():
+        if key in skip or key == "leaves":
+            continue
+        if isinstance(value, dict):
+            print(f"{indent}{key}:")
+            _print_fields(value, indent + "  ")
+        else:
+            print(f"{indent}{key}: {value}")
+    leaves = info.get("leaves", [])
+    for i, leaf in enumerate(leaves[:20]):
+        print(f"{indent}leaf[{i}]: {leaf}")
+    if len(leaves) > 20:
+        print(f"{indent}... {len(leaves) - 20} more leaves")
 
 
 def cmd_check(args) -> int:

@@ -91,3 +91,11 @@ def inspect_spec_tree(data, header) -> dict:
 from jaxcolo_fb import RootKind  # noqa: E402
 
 register_inspector(RootKind.spec_tree, inspect_spec_tree)
+
+
+def _inspect_program(data, header) -> dict:
+    from jaxcolo.colocated.program import inspect_program
+    return inspect_program(data, header)
+
+
+register_inspector(RootKind.program, _inspect_program)

@@ -8,11 +8,13 @@ from typing import Any, Callable
 from jaxcolo_fb import RootKind
 from jaxcolo import envelope
 from jaxcolo.codec import spec_tree
+from jaxcolo.colocated import program
 from jaxcolo.errors import PayloadError
 
 # root kind -> decode(data, device_resolver) -> object
 DECODERS: dict[int, Callable] = {
     RootKind.spec_tree: spec_tree.decode_spec_tree,
+    RootKind.program: program.decode_program,
 }
 ROOT_KIND_NAMES = {v: k for k, v in vars(RootKind).items()
                    if not k.startswith("_") and isinstance(v, int)}

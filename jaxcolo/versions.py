@@ -39,6 +39,7 @@ HISTORY: tuple[VersionInfo, ...] = (
         "prng_impl",
     )),
     VersionInfo(2, 1, (
+        "program",            # root kind: a colocated Python program
         "hello",              # root kind: executor connection handshake
     )),
 )

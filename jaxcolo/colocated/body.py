@@ -1,0 +1,85 @@
+"""Program bodies: the one place jaxcolo uses (cloud)pickle.
+
+A body is the user's function (or ``(class, init args, init kwargs)``)
+pickled with cloudpickle, except that objects naming concrete devices --
+meshes, shardings, device lists, devices -- are not pickled: each becomes a
+jaxcolo spec payload (device ids), decoded on load through the *loading*
+executor's device resolver.  So a body that captures a mesh runs on a host
+whose devices have other ids, and a captured mesh naming a device the executor
+lacks fails at load with a PayloadError naming the device id.
+
+Modules are pickled by reference (cloudpickle's rule for importable modules),
+so a module holding unpicklable state is never pickled along with a function,
+and module state written by one call is visible to the next on the same host.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import cloudpickle
+import jax
+from jax._src.lib import xla_client as xc
+
+from jaxcolo.codec import spec_tree
+from jaxcolo.codec.mesh import make_resolver
+from jaxcolo.errors import PayloadError
+
+_DEVICE_SPEC_TYPES = (jax.sharding.Mesh, jax.sharding.NamedSharding,
+                      jax.sharding.SingleDeviceSharding, xc.DeviceList,
+                      xc.Device)
+try:
+    from jax._src.sharding_impls import GSPMDSharding
+    _DEVICE_SPEC_TYPES += (GSPMDSharding,)
+except ImportError:  # pragma: no cover - older/newer JAX
+    pass
+
+_loading = threading.local()  # .resolver while loads_body runs
+
+
+def _load_spec(payload: bytes):
+    """Unpickling hook: a spec payload, resolved by the loading executor."""
+    resolver = getattr(_loading, "resolver", None) or make_resolver(None)
+    try:
+        return spec_tree.decode_spec_tree(payload, resolver)
+    except PayloadError as e:
+        raise PayloadError(
+            f"the body captures a mesh, sharding or device that this executor "
+            f"cannot resolve: {e.reason}", "$.body" + e.path[1:]) from None
+
+
+class _BodyPickler(cloudpickle.Pickler):
+    version: int | None = None
+
+    def reducer_override(self, obj):
+        if isinstance(obj, _DEVICE_SPEC_TYPES):
+            return _load_spec, (spec_tree.encode_spec_tree(obj, self.version),)
+        return super().reducer_override(obj)
+
+
+def dumps_body(obj, *, version: int | None = None, what: str = "body") -> bytes:
+    """Pickle ``obj`` as a program body (spec objects as spec payloads).
+
+    Pickling errors propagate with their own type and a note naming ``what``.
+    """
+    with io.BytesIO() as f:
+        p = _BodyPickler(f)
+        p.version = version
+        try:
+            p.dump(obj)
+        except Exception as e:
+            e.add_note(f"jaxcolo: while pickling {what}")
+            raise
+        return f.getvalue()
+
+
+def loads_body(data: bytes, device_resolver=None):
+    """Unpickle a body; captured spec objects resolve through
+    ``device_resolver`` (same forms as ``jaxcolo.deserialize``'s)."""
+    previous = getattr(_loading, "resolver", None)
+    _loading.resolver = make_resolver(device_resolver)
+    try:
+        return cloudpickle.loads(data)
+    finally:
+        _loading.resolver = previous

@@ -1,0 +1,118 @@
+"""The per-function cache of specialisations, one per input signature.
+
+Two dicts reach the same entries (as in ``jax.experimental.colocated_python``):
+
+* the *fast* cache is keyed on the pytree structure, shapes, dtypes, array
+  types and the ``id()`` of each argument's sharding: cheap to hash, and hit
+  by every call that reuses the same sharding objects;
+* the *slow* cache is keyed on the full specs (sharding equality), consulted
+  on a fast miss.  A slow hit re-points the entry's single fast key at the
+  new sharding objects (LRU(1) per entry); the entry holds those objects, so
+  an id in a fast key can never be reused by another object while the key is
+  live.
+
+Creation is single-flight (like the cache entries of JAX's old C++ pmap
+dispatch): when several threads miss on the same signature at once, one
+creates the entry and the others wait and share its value or its error.  A
+failed creation is forgotten once its waiters have the error, so a later call
+retries.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+
+def fast_key(treedef, leaves: Sequence[Any]):
+    """The fast cache key of a call, or None if a leaf is no array."""
+    key = [treedef]
+    append = key.append
+    try:
+        for x in leaves:
+            append(type(x))
+            append(x.shape)
+            append(x.dtype)
+            append(id(x.sharding))
+    except AttributeError:
+        return None
+    return tuple(key)
+
+
+class _Flight:
+    __slots__ = ("done", "value", "error", "fast", "keepalive")
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.value = self.error = None
+        self.fast = None        # the entry's current fast key
+        self.keepalive = None   # the sharding objects whose ids it holds
+
+
+class SignatureCache:
+    """Entries by input signature; see the module docstring."""
+
+    def __init__(self):
+        self._fast: dict = {}
+        self._slow: dict = {}
+        self._lock = threading.Lock()
+        self.misses = 0  # entries created (for tests and stats)
+
+    def get_fast(self, key):
+        flight = self._fast.get(key)
+        return None if flight is None else flight.value
+
+    def get(self, key, leaves: Sequence[Any], slow_key: Callable[[], Any],
+            create: Callable[[Any], Any]):
+        """The entry for a call whose fast key missed (``key`` may be None).
+
+        ``slow_key()`` computes the equality key (and raises for bad
+        arguments); ``create(slow_key)`` makes the entry, once.
+        """
+        skey = slow_key()
+        with self._lock:
+            flight = self._slow.get(skey)
+            owner = flight is None
+            if owner:
+                flight = self._slow[skey] = _Flight()
+        if owner:
+            try:
+                value = create(skey)
+            except BaseException as e:
+                flight.error = e
+                with self._lock:
+                    del self._slow[skey]
+                flight.done.set()
+                raise
+            flight.value = value
+            with self._lock:
+                self.misses += 1
+                self._point(flight, key, leaves)
+            flight.done.set()
+            return value
+        flight.done.wait()
+        if flight.error is not None:
+            raise flight.error
+        if key is not None and flight.fast != key:
+            with self._lock:
+                self._point(flight, key, leaves)
+        return flight.value
+
+    def _point(self, flight: _Flight, key, leaves) -> None:
+        if key is None or flight.value is None:
+            return
+        if flight.fast is not None and self._fast.get(flight.fast) is flight:
+            del self._fast[flight.fast]
+        flight.fast = key
+        flight.keepalive = tuple(x.sharding for x in leaves)
+        self._fast[key] = flight
+
+    def values(self) -> list:
+        with self._lock:
+            return [f.value for f in self._slow.values()
+                    if f.value is not None]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._fast.clear()
+            self._slow.clear()

@@ -1,0 +1,393 @@
+"""``colocated_python(fn)``: the controller side of a colocated function.
+
+A :class:`ColocatedFunction` keeps one :class:`Specialized` per input
+signature (``jaxcolo.colocated.cache``).  A specialisation knows its input
+specs, devices and, once known, output specs; from them it builds program
+payloads (``jaxcolo.colocated.program``) at the executor's payload version
+and hands them to the current executor (``jaxcolo.colocated.executor``).
+
+Semantics follow ``jax.experimental.colocated_python`` (JAX 0.10.2):
+
+* arguments and results are pytrees of jax.Arrays; all arguments share one
+  device list unless ``devices`` is specialised; results must live on the
+  program's devices;
+* without ``out_specs_fn`` the first call of a signature runs synchronously
+  to discover the output specs (a *discovery* program); concurrent first
+  calls of that signature wait for it, later calls reuse the specs;
+* ``specialize`` pins in_specs, out_specs_fn and devices, each at most once.
+
+The function body is pickled once per function (at its first call) and
+reused by every specialisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from concurrent.futures import CancelledError, Future
+from typing import Any, Callable
+
+import jax
+from jax._src import tree_util as jtu
+from jax._src.lib import xla_client as xc
+
+from jaxcolo.codec import spec_tree
+from jaxcolo.colocated import specs as specs_mod
+from jaxcolo.colocated.body import dumps_body
+from jaxcolo.colocated.cache import SignatureCache, fast_key
+from jaxcolo.colocated.executor import get_executor
+from jaxcolo.colocated.program import ProgramRef, encode_program
+
+_flatten = jtu.tree_flatten
+_get_ident = threading.get_ident
+
+
+def _source_info(obj) -> str | None:
+    try:
+        from jax._src import api_util
+        return api_util.fun_sourceinfo(obj)
+    except Exception:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Specialization:
+    """What ``specialize`` pinned.  Each field may be set once."""
+
+    in_specs_treedef: Any = None
+    in_specs_leaves: tuple | None = None
+    out_specs_fn: Callable | None = None
+    devices: xc.DeviceList | None = None
+
+    def update(self, *, in_specs_treedef=None, in_specs_leaves=None,
+               out_specs_fn=None, devices=None) -> "Specialization":
+        if in_specs_treedef is not None and self.in_specs_treedef is not None:
+            raise ValueError("in_specs already specified")
+        if out_specs_fn is not None and self.out_specs_fn is not None:
+            raise ValueError("out_specs_fn already specified")
+        if devices is not None and self.devices is not None:
+            raise ValueError("devices already specified")
+        return Specialization(
+            self.in_specs_treedef if in_specs_treedef is None else in_specs_treedef,
+            self.in_specs_leaves if in_specs_leaves is None else in_specs_leaves,
+            self.out_specs_fn if out_specs_fn is None else out_specs_fn,
+            self.devices if devices is None else specs_mod.as_device_list(devices))
+
+
+class FunctionTarget:
+    """What a program runs: a plain function."""
+
+    kind = "function"
+    method_name = None
+    instance_id = None
+    track = None  # per-call hook (methods record the executor)
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "unknown")
+        self.source_info = _source_info(fn)
+        self._bodies: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+
+    def body(self, version: int) -> bytes:
+        with self._lock:
+            data = self._bodies.get(version)
+            if data is None:
+                data = self._bodies[version] = dumps_body(
+                    self.fn, version=version,
+                    what=f"colocated function {self.name!r}")
+            return data
+
+
+class Specialized:
+    """One specialisation: specs, devices, and its programs per version."""
+
+    def __init__(self, target, in_treedef, in_leaves: tuple,
+                 devices: xc.DeviceList, out_tree=None):
+        self.target = target
+        self.name = target.name
+        self.track = target.track
+        self.in_treedef = in_treedef
+        self.in_leaves = in_leaves
+        self.devices = devices
+        self.out_treedef = None
+        self.out_leaves = None
+        self.programs: dict[int, ProgramRef] = {}   # full programs, by version
+        self._discovery: dict[int, ProgramRef] = {}
+        self._in_payloads: dict[int, bytes] = {}
+        self._out_payloads: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._discovering = False
+        if out_tree is not None:
+            self._set_out_specs(out_tree, "out_specs_fn result")
+
+    def _set_out_specs(self, tree, what: str) -> None:
+        leaves, treedef = _flatten(tree)
+        for i, s in enumerate(leaves):
+            if not isinstance(s, jax.ShapeDtypeStruct):
+                raise ValueError(f"{self.name}: {what} leaf {i} must be a "
+                                 f"jax.ShapeDtypeStruct, got {type(s)}")
+        specs_mod.check_within(leaves, self.devices, "output", self.name)
+        self.out_leaves = tuple(leaves)
+        self.out_treedef = treedef
+
+    # ----------------------------------------------------------- programs
+    def _encode(self, version: int, out_specs: bytes | None) -> ProgramRef:
+        in_specs = self._in_payloads.get(version)
+        if in_specs is None:
+            in_specs = self._in_payloads[version] = spec_tree.encode_spec_tree(
+                self.in_treedef.unflatten(self.in_leaves), version)
+        t = self.target
+        return ProgramRef.of(encode_program(
+            name=t.name, kind=t.kind, body=t.body(version), in_specs=in_specs,
+            out_specs=out_specs, device_ids=[d.id for d in self.devices],
+            method_name=t.method_name, instance_id=t.instance_id,
+            source_info=t.source_info, version=version))
+
+    def program(self, version: int) -> ProgramRef | None:
+        """The full program (out specs known) at ``version``, else None."""
+        ref = self.programs.get(version)
+        if ref is None and self.out_treedef is not None:
+            with self._lock:
+                ref = self.programs.get(version)
+                if ref is None:
+                    out = self._out_payloads.get(version)
+                    if out is None:
+                        out = self._out_payloads[version] = \
+                            spec_tree.encode_spec_tree(self.out_treedef.unflatten(
+                                self.out_leaves), version)
+                    ref = self.programs[version] = self._encode(version, out)
+        return ref
+
+    def discovery_program(self, version: int) -> ProgramRef:
+        with self._lock:
+            ref = self._discovery.get(version)
+            if ref is None:
+                ref = self._discovery[version] = self._encode(version, None)
+            return ref
+
+    def all_programs(self) -> list[ProgramRef]:
+        with self._lock:
+            return list(self._discovery.values()) + list(self.programs.values())
+
+    # ---------------------------------------------------------- discovery
+    def discover(self, executor, leaves, lane):
+        """Run the discovery program (single-flight per specialisation).
+
+        Returns the call's outputs, or None if the out specs became known
+        while waiting (the caller then makes a normal call).
+        """
+        with self._cond:
+            while self.out_treedef is None and self._discovering:
+                self._cond.wait()
+            if self.out_treedef is not None:
+                return None
+            self._discovering = True
+        try:
+            version = executor.payload_version
+            ref = self.discovery_program(version)
+            outs, payload = executor.discover(ref, leaves, lane=lane)
+            tree = spec_tree.decode_spec_tree(payload)
+            with self._lock:
+                self._set_out_specs(tree, "discovered output spec")
+                self._out_payloads[version] = bytes(payload)
+            if len(outs) != len(self.out_leaves):
+                raise ValueError(f"{self.name}: the executor returned "
+                                 f"{len(outs)} outputs for "
+                                 f"{len(self.out_leaves)} discovered specs")
+            self.program(version)  # later calls find it built
+            return self.out_treedef.unflatten(outs)
+        finally:
+            with self._cond:
+                self._discovering = False
+                self._cond.notify_all()
+
+
+class ColocatedFunction:
+    """A colocated Python function (``jaxcolo.colocated_python(fn)``).
+
+    Call it like ``fn``; ``specialize(...)`` returns a new one with more
+    pinned; ``submit(...)`` returns a Future; ``programs()`` lists the
+    program payloads built so far.
+    """
+
+    def __init__(self, target, specialization: Specialization):
+        self._target = target
+        self._specialization = specialization
+        self._cache = SignatureCache()
+        self._pinned = None          # the one Specialized when in_specs pinned
+        self._pinned_lock = threading.Lock()
+        functools.update_wrapper(self, target.fn, updated=())
+
+    def __repr__(self):
+        return f"<colocated_python {self._target.name}>"
+
+    def __reduce__(self):
+        # A body may call another colocated function: it travels as its
+        # function and specialisation (caches are rebuilt on the host).
+        if not isinstance(self._target, FunctionTarget):
+            raise TypeError(f"cannot pickle colocated method {self!r}")
+        return _rebuild, (self._target.fn, self._specialization)
+
+    def __get__(self, obj, objtype=None):  # behaves like a function in classes
+        return self if obj is None else functools.partial(self, obj)
+
+    # --------------------------------------------------------------- API
+    def specialize(self, in_specs=None, out_specs_fn=None, devices=None):
+        """A copy with ``in_specs`` (specs of ``(args, kwargs)``),
+        ``out_specs_fn`` (input specs -> output specs) and/or ``devices``
+        pinned.  Pinning something already pinned raises ValueError."""
+        treedef = leaves = None
+        if in_specs is not None:
+            leaves, treedef = _flatten(in_specs)
+            leaves = tuple(leaves)
+        return ColocatedFunction(self._target, self._specialization.update(
+            in_specs_treedef=treedef, in_specs_leaves=leaves,
+            out_specs_fn=out_specs_fn, devices=devices))
+
+    def __call__(self, *args, **kwargs):
+        leaves, treedef = _flatten((args, kwargs))
+        key = fast_key(treedef, leaves)
+        sp = self._cache.get_fast(key)
+        if sp is None:
+            sp = self._specialized(key, treedef, leaves)
+        ex = get_executor()
+        if sp.track is not None:
+            sp.track(ex)
+        ref = sp.programs.get(ex.payload_version) or sp.program(
+            ex.payload_version)
+        lane = _get_ident()
+        if ref is None:
+            out = sp.discover(ex, leaves, lane)
+            if out is not None:
+                return out
+            ref = sp.program(ex.payload_version)
+        return sp.out_treedef.unflatten(ex.call(ref, leaves, lane=lane))
+
+    def submit(self, *args, **kwargs) -> Future:
+        """Call without waiting.  Calls submitted from one thread run in
+        the order submitted (and before that thread's later calls).  A first
+        call that must discover output specs runs before submit returns.
+        Argument errors raise here; errors of the call are in the Future."""
+        leaves, treedef = _flatten((args, kwargs))
+        key = fast_key(treedef, leaves)
+        sp = self._cache.get_fast(key)
+        if sp is None:
+            sp = self._specialized(key, treedef, leaves)
+        ex = get_executor()
+        if sp.track is not None:
+            sp.track(ex)
+        lane = _get_ident()
+        ref = sp.program(ex.payload_version)
+        if ref is None:
+            outer = Future()
+            outer.set_running_or_notify_cancel()
+            try:
+                out = sp.discover(ex, leaves, lane)
+                if out is None:
+                    return self.submit(*args, **kwargs)
+                outer.set_result(out)
+            except Exception as e:
+                outer.set_exception(e)
+            return outer
+        return _chain(ex.submit(ref, leaves, lane=lane), sp.out_treedef)
+
+    def programs(self) -> list[ProgramRef]:
+        """Every program payload built so far (discovery and full)."""
+        out = [] if self._pinned is None else self._pinned.all_programs()
+        for sp in self._cache.values():
+            if sp is not self._pinned:
+                out.extend(sp.all_programs())
+        return out
+
+    # --------------------------------------------------- specialisation
+    def _specialized(self, key, treedef, leaves) -> Specialized:
+        spec = self._specialization
+        if not leaves and spec.devices is None:
+            raise ValueError(
+                "No devices found. colocated_python function without input "
+                "arguments must be first specialized with devices.")
+        return self._cache.get(
+            key, leaves,
+            lambda: (treedef, tuple(specs_mod.get_spec(x) for x in leaves)),
+            lambda skey: self._create(skey[0], skey[1], leaves))
+
+    def _create(self, treedef, arg_specs: tuple, leaves) -> Specialized:
+        spec = self._specialization
+        if spec.in_specs_treedef is not None:
+            self._check_pinned(treedef, arg_specs)
+            with self._pinned_lock:
+                if self._pinned is None:
+                    self._pinned = self._new_specialized(
+                        treedef, tuple(
+                            p if getattr(p, "sharding", None) is not None else
+                            jax.ShapeDtypeStruct(p.shape, p.dtype,
+                                                 sharding=a.sharding)
+                            for p, a in zip(spec.in_specs_leaves, arg_specs)),
+                        leaves)
+                return self._pinned
+        devices = spec.devices
+        if devices is None:
+            devices = specs_mod.infer_devices(leaves)
+        else:
+            specs_mod.check_within(arg_specs, devices, "input",
+                                   self._target.name)
+        return self._new_specialized(treedef, arg_specs, leaves, devices)
+
+    def _new_specialized(self, treedef, in_leaves, leaves, devices=None):
+        spec = self._specialization
+        if devices is None:
+            devices = spec.devices or specs_mod.infer_devices(leaves)
+        out_tree = None
+        if spec.out_specs_fn is not None:
+            a, kw = treedef.unflatten(in_leaves)
+            out_tree = spec.out_specs_fn(*a, **kw)
+        return Specialized(self._target, treedef, in_leaves, devices, out_tree)
+
+    def _check_pinned(self, treedef, arg_specs) -> None:
+        spec = self._specialization
+        if treedef != spec.in_specs_treedef or \
+                len(arg_specs) != len(spec.in_specs_leaves):
+            raise ValueError(
+                f"{self._target.name}: arguments {treedef} do not match the "
+                f"specialized in_specs {spec.in_specs_treedef}")
+        for i, (a, p) in enumerate(zip(arg_specs, spec.in_specs_leaves)):
+            ps = getattr(p, "sharding", None)
+            if a.shape != p.shape or a.dtype != p.dtype or (
+                    ps is not None and a.sharding != ps):
+                raise ValueError(
+                    f"{self._target.name}: argument {i} does not match the "
+                    f"specialized in_specs: {specs_mod.describe_mismatch(a, p)}")
+
+
+def _chain(inner: Future, out_treedef) -> Future:
+    """A Future of ``out_treedef.unflatten(inner.result())``."""
+    outer = Future()
+    outer.set_running_or_notify_cancel()
+
+    def done(f: Future) -> None:
+        if f.cancelled():
+            outer.set_exception(CancelledError())
+            return
+        e = f.exception()
+        if e is not None:
+            outer.set_exception(e)
+        else:
+            outer.set_result(out_treedef.unflatten(f.result()))
+    inner.add_done_callback(done)
+    return outer
+
+
+def _rebuild(fn, specialization: Specialization) -> ColocatedFunction:
+    return ColocatedFunction(FunctionTarget(fn), specialization)
+
+
+def colocated_python(fun: Callable) -> ColocatedFunction:
+    """Run ``fun`` on the hosts of its arguments' devices, as a drop-in for
+    ``jax.experimental.colocated_python.colocated_python``; its program and
+    specs travel as jaxcolo payloads, only the body as cloudpickle."""
+    if isinstance(fun, ColocatedFunction):
+        return fun
+    return ColocatedFunction(FunctionTarget(fun), Specialization())

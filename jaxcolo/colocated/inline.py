@@ -1,0 +1,324 @@
+"""InlineExecutor: runs colocated programs in this process, through payloads.
+
+It is what ``jax.experimental.colocated_python`` does on CPU (run the function
+in-process), but every program arrives as payload bytes and is decoded by the
+jaxcolo codec; the body is unpickled only when the program first runs.
+Decoded programs are cached by content id and loaded function bodies by the
+hash of their bytes, so a warm call decodes and unpickles nothing.
+
+Lanes (see ``jaxcolo.colocated.executor``): a call on an idle lane runs right
+away in the calling thread; while a lane has submitted work queued or
+running, its later work queues behind it and runs, in order, on a thread
+owned by that lane.  Lanes do not wait for each other.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+from concurrent.futures import Future
+from typing import Hashable, Sequence
+
+from jax._src import tree_util as jtu
+
+from jaxcolo.codec import spec_tree
+from jaxcolo.codec.mesh import make_resolver
+from jaxcolo.colocated import specs as specs_mod
+from jaxcolo.colocated.body import loads_body
+from jaxcolo.colocated.executor import Executor
+from jaxcolo.colocated.program import decode_program
+from jaxcolo.errors import ExecutorError, PayloadError
+
+
+class _Loaded:
+    """A decoded program and what running it needs."""
+
+    __slots__ = ("program", "n_in", "in_treedef", "out_treedef", "out_leaves", "body_key",
+                 "fn", "lock", "checked_inputs", "seen_avals",
+                 "seen_shardings")
+
+    def __init__(self, program):
+        self.program = program
+        in_leaves, self.in_treedef = jtu.tree_flatten(program.in_specs)
+        self.n_in = len(in_leaves)
+        if program.has_out_specs:
+            leaves, self.out_treedef = jtu.tree_flatten(program.out_specs)
+            self.out_leaves = tuple(leaves)
+            self.seen_avals = [None] * len(leaves)
+            self.seen_shardings = [s.sharding for s in leaves]
+        else:
+            self.out_treedef = self.out_leaves = None
+        self.body_key = hashlib.blake2b(program.body, digest_size=16).digest()
+        self.fn = None
+        self.lock = threading.Lock()
+        self.checked_inputs = False
+
+
+class _Instance:
+    __slots__ = ("lock", "obj", "error", "ready")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.obj = self.error = None
+        self.ready = False
+
+
+class _Lane:
+    __slots__ = ("queue", "pending", "running")
+
+    def __init__(self):
+        self.queue = collections.deque()
+        self.pending = 0      # items queued or running
+        self.running = False  # a runner thread is draining the queue
+
+
+class InlineExecutor(Executor):
+    """Runs programs in the calling process (the default executor).
+
+    ``devices``: the devices this executor hosts (default: every device of
+    this process).  Program and captured device ids resolve against them; an
+    id outside them is a PayloadError naming the id.
+    """
+
+    def __init__(self, devices=None):
+        self._resolver = make_resolver(
+            None if devices is None else {d.id: d for d in devices})
+        self._lock = threading.RLock()  # RLock: destroy may run from GC
+        self._programs: dict[bytes, _Loaded] = {}
+        self._bodies: dict[bytes, object] = {}
+        self._instances: dict[int, _Instance] = {}
+        self._destroyed: set[int] = set()
+        self._lanes: dict[Hashable, _Lane] = {}
+        self._closed = False
+        self._stats = collections.Counter()
+        self._calls = 0  # a plain int: the warm path stays cheap
+
+    def stats(self) -> dict:
+        """Counters: programs_decoded, bodies_loaded, instances_created,
+        instances_destroyed, calls, discoveries, queued."""
+        return dict(self._stats, calls=self._calls)
+
+    def __repr__(self):
+        return (f"InlineExecutor({len(self._programs)} programs, "
+                f"{len(self._instances)} instances"
+                f"{', closed' if self._closed else ''})")
+
+    # ------------------------------------------------------------ interface
+    def call(self, program, args: Sequence, *, lane: Hashable) -> list:
+        if self._closed:
+            raise ExecutorError("InlineExecutor is closed")
+        loaded = self._programs.get(program.id) or self._load(program)
+        self._calls += 1
+        ln = self._lanes.get(lane)
+        if ln is None or not ln.pending:
+            return self._run(loaded, args)
+        return self._enqueue(lane, self._run, loaded, args).result()
+
+    def submit(self, program, args: Sequence, *, lane: Hashable) -> Future:
+        if self._closed:
+            raise ExecutorError("InlineExecutor is closed")
+        loaded = self._programs.get(program.id) or self._load(program)
+        self._calls += 1
+        return self._enqueue(lane, self._run, loaded, args)
+
+    def discover(self, program, args: Sequence, *,
+                 lane: Hashable) -> tuple[list, bytes]:
+        if self._closed:
+            raise ExecutorError("InlineExecutor is closed")
+        loaded = self._programs.get(program.id) or self._load(program)
+        self._stats["discoveries"] += 1
+        ln = self._lanes.get(lane)
+        if ln is None or not ln.pending:
+            return self._discover(loaded, args)
+        return self._enqueue(lane, self._discover, loaded, args).result()
+
+    def destroy_instance(self, instance_id: int, *, lane: Hashable) -> None:
+        if self._closed:
+            return
+        ln = self._lanes.get(lane)
+        if ln is None or not ln.pending:
+            self._destroy(instance_id)
+        else:
+            self._enqueue(lane, self._destroy, instance_id)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for ln in self._lanes.values():
+                while ln.queue:
+                    fut = ln.queue.popleft()[0]
+                    ln.pending -= 1
+                    if fut.set_running_or_notify_cancel():
+                        fut.set_exception(ExecutorError(
+                            "InlineExecutor closed before this call ran"))
+            instances, self._instances = self._instances, {}
+            self._destroyed.update(instances)
+            self._programs.clear()
+            self._bodies.clear()
+        del instances  # host instances are destroyed here
+
+    # ------------------------------------------------------------- loading
+    def _load(self, program) -> _Loaded:
+        loaded = decode_program(program.payload, self._resolver)
+        entry = _Loaded(loaded)
+        with self._lock:
+            self._stats["programs_decoded"] += 1
+            return self._programs.setdefault(program.id, entry)
+
+    def _function(self, loaded: _Loaded):
+        """The callable a call runs (loading the body on first use)."""
+        prog = loaded.program
+        if prog.kind == "method":
+            return getattr(self._instance(loaded), prog.method_name)
+        fn = loaded.fn
+        if fn is None:
+            with loaded.lock:
+                fn = loaded.fn
+                if fn is None:
+                    fn = self._bodies.get(loaded.body_key)
+                    if fn is None:
+                        fn = self._load_body(prog)
+                        self._bodies.setdefault(loaded.body_key, fn)
+                    loaded.fn = fn
+        return fn
+
+    def _load_body(self, prog):
+        try:
+            obj = loads_body(prog.body, self._resolver)
+        except PayloadError as e:
+            raise PayloadError(f"cannot load the body of {prog.name!r}: "
+                               f"{e.reason}", e.path) from None
+        self._stats["bodies_loaded"] += 1
+        return obj
+
+    def _instance(self, loaded: _Loaded):
+        prog = loaded.program
+        iid = prog.instance_id
+        inst = self._instances.get(iid)
+        if inst is None or not inst.ready:
+            with self._lock:
+                if iid in self._destroyed:
+                    raise ExecutorError(
+                        f"{prog.name}: instance {iid} was already destroyed")
+                inst = self._instances.get(iid)
+                if inst is None:
+                    inst = self._instances[iid] = _Instance()
+            with inst.lock:
+                if not inst.ready:
+                    try:
+                        cls, init_args, init_kwargs = self._load_body(prog)
+                        inst.obj = cls(*init_args, **init_kwargs)
+                        self._stats["instances_created"] += 1
+                    except Exception as e:
+                        inst.error = e
+                    inst.ready = True
+        if inst.error is not None:
+            raise inst.error
+        return inst.obj
+
+    def _destroy(self, instance_id: int) -> None:
+        with self._lock:
+            inst = self._instances.pop(instance_id, None)
+            self._destroyed.add(instance_id)
+            if inst is not None and inst.obj is not None:
+                self._stats["instances_destroyed"] += 1
+        del inst  # the host instance's last reference: __del__ runs here
+
+    # ------------------------------------------------------------- running
+    def _check_inputs(self, loaded: _Loaded, args: Sequence) -> None:
+        prog = loaded.program
+        if len(args) != loaded.n_in:
+            raise ValueError(f"{prog.name}: got {len(args)} input arrays, the "
+                             f"program takes {loaded.n_in}")
+        if not loaded.checked_inputs:  # once per program: specs decoded right
+            for i, (x, s) in enumerate(zip(args, prog.in_leaves)):
+                if not specs_mod.same_spec(x, s):
+                    raise ValueError(f"{prog.name}: input {i} does not match "
+                                     "the program's in_specs: "
+                                     + specs_mod.describe_mismatch(x, s))
+            loaded.checked_inputs = True
+
+    def _invoke(self, loaded: _Loaded, args: Sequence):
+        self._check_inputs(loaded, args)
+        fn = self._function(loaded)
+        a, kw = loaded.in_treedef.unflatten(args)
+        return jtu.tree_flatten(fn(*a, **kw))
+
+    def _run(self, loaded: _Loaded, args: Sequence) -> list:
+        leaves, treedef = self._invoke(loaded, args)
+        if loaded.out_treedef is None:
+            raise ValueError(f"{loaded.program.name}: program has no out_specs; "
+                             "use discover")
+        if treedef != loaded.out_treedef:
+            raise ValueError(
+                f"{loaded.program.name}: output structure {treedef} does not "
+                f"match the out specs' {loaded.out_treedef}")
+        # Avals and shardings already found to match the spec are
+        # recognised by identity (JAX interns avals; passed-through arrays
+        # keep their sharding objects), so most checks are two `is`.
+        seen_avals, seen_shardings = loaded.seen_avals, loaded.seen_shardings
+        for i, spec in enumerate(loaded.out_leaves):
+            x = leaves[i]
+            try:
+                aval, s = x.aval, x.sharding
+                ok = aval is seen_avals[i]
+                if not ok and x.shape == spec.shape and x.dtype == spec.dtype:
+                    ok, seen_avals[i] = True, aval
+                if ok and s is not seen_shardings[i]:
+                    ok = s == spec.sharding
+                    if ok:
+                        seen_shardings[i] = s
+            except AttributeError:
+                ok = False
+            if not ok:
+                specs_mod.get_spec(x)  # a non-array gets the usual message
+                raise ValueError(f"{loaded.program.name}: output {i} does not "
+                                 "match its out spec: "
+                                 + specs_mod.describe_mismatch(x, spec))
+        return leaves
+
+    def _discover(self, loaded: _Loaded, args: Sequence) -> tuple[list, bytes]:
+        leaves, treedef = self._invoke(loaded, args)
+        out_specs = [specs_mod.get_spec(x) for x in leaves]
+        payload = spec_tree.encode_spec_tree(
+            treedef.unflatten(out_specs), loaded.program.writer_version)
+        return leaves, payload
+
+    # --------------------------------------------------------------- lanes
+    def _enqueue(self, lane: Hashable, fn, *args) -> Future:
+        fut = Future()
+        with self._lock:
+            if self._closed:
+                raise ExecutorError("InlineExecutor is closed")
+            ln = self._lanes.get(lane)
+            if ln is None:
+                ln = self._lanes[lane] = _Lane()
+            ln.queue.append((fut, fn, args))
+            ln.pending += 1
+            self._stats["queued"] += 1
+            start = not ln.running
+            ln.running = True
+        if start:
+            threading.Thread(target=self._drain, args=(lane, ln), daemon=True,
+                             name=f"jaxcolo-inline-lane-{lane}").start()
+        return fut
+
+    def _drain(self, lane: Hashable, ln: _Lane) -> None:
+        while True:
+            with self._lock:
+                if not ln.queue:
+                    ln.running = False
+                    if not ln.pending and self._lanes.get(lane) is ln:
+                        del self._lanes[lane]
+                    return
+                fut, fn, args = ln.queue.popleft()
+            try:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn(*args))
+                    except BaseException as e:  # delivered to the caller
+                        fut.set_exception(e)
+            finally:
+                with self._lock:
+                    ln.pending -= 1

@@ -1,0 +1,114 @@
+"""``colocated_python_class(cls)``: objects that live on the hosts.
+
+Constructing the wrapper records the constructor arguments and nothing else.
+Each method is a colocated function whose programs are *method* programs:
+their body is the pickled ``(cls, init args, init kwargs)`` and they name the
+instance id and the method.  An executor creates the host instance from that
+body at the first method call that reaches a host, keeps it across calls, and
+drops it when the wrapper is deleted (``destroy_instance``, sent to every
+executor that ran one of its methods, in the deleting thread's lane).  A
+wrapper deleted before any method call never creates a host instance.
+"""
+
+from __future__ import annotations
+
+import inspect
+import secrets
+import threading
+import weakref
+
+from jaxcolo.colocated.body import dumps_body
+from jaxcolo.colocated.function import ColocatedFunction, Specialization, \
+    _source_info
+
+_SKIPPED = ("__init__", "__del__", "__reduce__", "__reduce_ex__")
+
+
+class InstanceState:
+    """Controller-side state of one wrapper instance (never the wrapper
+    itself, so methods and finalizers do not keep the wrapper alive)."""
+
+    def __init__(self, cls, init_args, init_kwargs):
+        self.cls = cls
+        self.init_args = init_args
+        self.init_kwargs = init_kwargs
+        self.id = secrets.randbits(63) or 1
+        self.source_info = _source_info(cls)
+        self._bodies: dict[int, bytes] = {}
+        self._executors: list = []
+        self._last = None
+        self._lock = threading.Lock()
+
+    def body(self, version: int) -> bytes:
+        with self._lock:
+            data = self._bodies.get(version)
+            if data is None:
+                data = self._bodies[version] = dumps_body(
+                    (self.cls, self.init_args, self.init_kwargs),
+                    version=version,
+                    what=f"colocated class {self.cls.__name__!r} and its "
+                         "constructor arguments")
+            return data
+
+    def track(self, executor) -> None:
+        """Remember an executor that may hold a host instance."""
+        if executor is self._last:
+            return
+        with self._lock:
+            if all(e is not executor for e in self._executors):
+                self._executors.append(executor)
+            self._last = executor
+
+    def destroy(self) -> None:
+        with self._lock:
+            executors, self._executors, self._last = self._executors, [], None
+        lane = threading.get_ident()
+        for ex in executors:
+            try:
+                ex.destroy_instance(self.id, lane=lane)
+            except Exception:  # a closed executor has no instances left
+                pass
+
+
+class MethodTarget:
+    """What a method program runs: ``method_name`` of the host instance."""
+
+    kind = "method"
+
+    def __init__(self, state: InstanceState, method_name: str, original):
+        self.fn = original
+        self.state = state
+        self.name = f"{state.cls.__name__}.{method_name}"
+        self.method_name = method_name
+        self.instance_id = state.id
+        self.source_info = state.source_info
+        self.track = state.track
+
+    def body(self, version: int) -> bytes:
+        return self.state.body(version)
+
+
+def colocated_python_class(cls: type) -> type:
+    """A wrapper class whose instances run ``cls``'s methods on the hosts
+    of their arguments' devices (drop-in for JAX's
+    ``colocated_python_class``).  Methods may be specialised:
+    ``obj.m = obj.m.specialize(devices=..., out_specs_fn=...)``."""
+
+    class Wrapped:
+        def __init__(self, *init_args, **init_kwargs) -> None:
+            state = InstanceState(cls, init_args, init_kwargs)
+            self._colocated_instance = state
+            for attr in dir(cls):
+                member = getattr(cls, attr)
+                if not inspect.isfunction(member) or attr in _SKIPPED:
+                    continue
+                setattr(self, attr, ColocatedFunction(
+                    MethodTarget(state, attr, member), Specialization()))
+            weakref.finalize(self, state.destroy)
+
+    Wrapped.__name__ = cls.__name__
+    Wrapped.__qualname__ = getattr(cls, "__qualname__", cls.__name__)
+    Wrapped.__module__ = cls.__module__
+    Wrapped.__doc__ = cls.__doc__
+    Wrapped.__wrapped__ = cls
+    return Wrapped

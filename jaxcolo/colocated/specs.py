@@ -1,0 +1,82 @@
+"""Specs of call arguments and results: what a colocated call may take and
+return, which devices it runs on, and the checks behind the error messages
+users know from ``jax.experimental.colocated_python``."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+from jax._src import core
+from jax._src.lib import xla_client as xc
+
+
+def get_spec(x: Any) -> jax.ShapeDtypeStruct:
+    """The spec of a call argument or result, which must be a jax.Array."""
+    if isinstance(x, core.Tracer):
+        raise ValueError(
+            "colocated_python functions cannot be called on traced values "
+            f"(got {type(x).__name__}); call them outside jit/vmap/grad.")
+    if not isinstance(x, jax.Array):
+        raise ValueError(
+            "colocated_python only supports jax.Array as input and output, "
+            f"but got {type(x)}.")
+    return jax.ShapeDtypeStruct(shape=x.shape, dtype=x.dtype,
+                                sharding=x.sharding)
+
+
+def infer_devices(leaves: Sequence[Any]) -> xc.DeviceList | None:
+    """The one device list shared by all arguments (None without any)."""
+    found: set = set()
+    for x in leaves:
+        sharding = getattr(x, "sharding", None)
+        if sharding is not None:
+            found.add(sharding._internal_device_list)
+    if not found:
+        return None
+    if len(found) != 1:
+        raise ValueError(
+            "All arguments must use the same device list, but got multiple "
+            f"device lists: {found}.")
+    return found.pop()
+
+
+def as_device_list(devices) -> xc.DeviceList:
+    if isinstance(devices, xc.DeviceList):
+        return devices
+    devices = tuple(devices)
+    if not devices:
+        raise ValueError("devices must not be empty")
+    for d in devices:
+        if not isinstance(d, xc.Device):
+            raise TypeError(f"devices must be jax devices, got {d!r}")
+    return xc.DeviceList(devices)
+
+
+def check_within(specs: Sequence[jax.ShapeDtypeStruct],
+                 devices: xc.DeviceList, what: str, name: str) -> None:
+    """Every spec's devices must be among the program's ``devices``."""
+    allowed = set(devices)
+    for i, s in enumerate(specs):
+        if s.sharding is None:
+            raise ValueError(f"{name}: {what} {i} has no sharding: {s}")
+        extra = set(s.sharding.device_set) - allowed
+        if extra:
+            raise ValueError(
+                f"{name}: {what} {i} lives on devices "
+                f"{sorted(d.id for d in extra)} outside the function's "
+                f"devices {[d.id for d in devices]} (outputs use the "
+                "inputs' devices; specialize with devices= to widen them)")
+
+
+def same_spec(x, spec: jax.ShapeDtypeStruct) -> bool:
+    """Does array or spec ``x`` match ``spec`` (shape, dtype, sharding)?"""
+    s = x.sharding
+    return (x.shape == spec.shape and x.dtype == spec.dtype and
+            (s is spec.sharding or s == spec.sharding))
+
+
+def describe_mismatch(x, spec) -> str:
+    return (f"got shape={x.shape} dtype={x.dtype} sharding={x.sharding}, "
+            f"expected shape={spec.shape} dtype={spec.dtype} "
+            f"sharding={spec.sharding}")

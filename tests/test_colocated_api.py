@@ -1,0 +1,353 @@
+"""The colocated_python API: calls, specialisation, devices, errors.
+
+Behaviour as users know it from jax.experimental.colocated_python (JAX
+0.10.2), on real CPU devices, under every executor (colocated_support).
+"""
+
+import concurrent.futures
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jaxcolo
+from tests import colocated_state
+from tests.colocated_support import cpu_devices, executor, put, signatures  # noqa: F401
+
+NO_DEVICES = ("No devices found. colocated_python function without input "
+              "arguments must be first specialized with devices.")
+
+
+def add_one_tree(x):
+    return jax.tree.map(lambda v: v + 1, x)
+
+
+def test_simple_function(executor):
+    f = jaxcolo.colocated_python(add_one_tree)
+    x = put(1, cpu_devices()[0])
+    out = f(x)
+    assert isinstance(out, jax.Array) and int(out) == 2
+    assert out.sharding == x.sharding
+    assert int(f(x)) == 2
+    assert signatures(f) == 1
+
+
+def test_tree_in_and_out(executor):
+    f = jaxcolo.colocated_python(add_one_tree)
+    x = jax.device_put([np.array(1), (np.array(2), {"v": np.array(3)})],
+                       jax.sharding.SingleDeviceSharding(cpu_devices()[0]))
+    out = jax.device_get(f(x))
+    assert out == [2, (3, {"v": 4})]
+    assert jax.device_get(f(x)) == [2, (3, {"v": 4})]
+
+
+def test_kwargs_and_args_keep_their_places(executor):
+    f = jaxcolo.colocated_python(lambda a, *, b: {"diff": a - b})
+    d = cpu_devices()[0]
+    out = f(put(10, d), b=put(3, d))
+    assert int(out["diff"]) == 7
+
+
+def test_no_input_needs_devices(executor):
+    @jaxcolo.colocated_python
+    def make_zero():
+        return jnp.array(0)
+
+    with pytest.raises(ValueError, match="^" + NO_DEVICES.replace(".", r"\.")):
+        make_zero()
+    make_zero = make_zero.specialize(devices=cpu_devices()[:1])
+    assert int(make_zero()) == 0 and int(make_zero()) == 0
+    assert signatures(make_zero) == 1
+
+
+def test_input_polymorphism_one_program_per_signature(executor):
+    f = jaxcolo.colocated_python(add_one_tree)
+    d = cpu_devices()[0]
+    x = put(1, d)
+    assert int(f(x)) == 2 and int(f(x)) == 2
+    assert signatures(f) == 1
+    tree = jax.device_put([np.array(1), (np.array(2), {"v": np.array(3)})], d)
+    assert jax.device_get(f(tree)) == [2, (3, {"v": 4})]
+    assert jax.device_get(f(tree)) == [2, (3, {"v": 4})]
+    assert signatures(f) == 2
+    # Other shape, dtype, sharding: each a new signature.
+    f(put(np.ones(3), d))
+    f(put(np.int8(1), d))
+    f(put(1, cpu_devices()[1]))
+    assert signatures(f) == 5
+    # Equal sharding, new object (slow cache hit): no new program.
+    f(jax.device_put(np.array(5), jax.sharding.SingleDeviceSharding(d)))
+    assert signatures(f) == 5
+
+
+def test_out_specs_fn_skips_discovery(executor):
+    calls = []
+
+    def out_specs(x):
+        calls.append(x)
+        return x
+
+    f = jaxcolo.colocated_python(add_one_tree).specialize(out_specs_fn=out_specs)
+    x = put(1, cpu_devices()[0])
+    assert int(f(x)) == 2 and int(f(x)) == 2
+    assert len(calls) == 1
+    assert calls[0] == jax.ShapeDtypeStruct((), jnp.int32, sharding=x.sharding)
+    progs = f.programs()
+    assert len(progs) == 1  # no discovery program
+    assert jaxcolo.inspect(progs[0].payload)["out_specs"]["num_leaves"] == 1
+    tree = jax.device_put([np.array(1), np.array(2.0)], cpu_devices()[0])
+    assert jax.device_get(f(tree)) == [2, 3.0]
+    assert len(calls) == 2
+
+
+def test_discovery_runs_once_per_signature(executor):
+    # The body is pickled by value: host-side state lives in a module.
+    colocated_state.runs = 0
+
+    @jaxcolo.colocated_python
+    def g(x):
+        colocated_state.runs += 1
+        return x * 2
+
+    @jaxcolo.colocated_python
+    def runs(x):
+        return jax.device_put(np.int32(colocated_state.runs), x.sharding)
+
+    x = put(3, cpu_devices()[0])
+    try:
+        assert g.programs() == []
+        assert int(g(x)) == 6
+        assert int(runs(x)) == 1  # the discovery call is the call
+        outs = [jaxcolo.inspect(p.payload)["out_specs"] for p in g.programs()]
+        assert isinstance(outs[0], str) and outs[1]["num_leaves"] == 1
+        assert int(g(x)) == 6 and int(runs(x)) == 2
+    finally:
+        del colocated_state.runs
+
+
+def test_specialize_twice_is_an_error():
+    f = jaxcolo.colocated_python(add_one_tree)
+    devs = cpu_devices()[:1]
+    spec = jax.ShapeDtypeStruct((), jnp.int32)
+    g = f.specialize(in_specs=((spec,), {}), out_specs_fn=lambda x: x,
+                     devices=devs)
+    with pytest.raises(ValueError, match="^in_specs already specified$"):
+        g.specialize(in_specs=((spec,), {}))
+    with pytest.raises(ValueError, match="^out_specs_fn already specified$"):
+        g.specialize(out_specs_fn=lambda x: x)
+    with pytest.raises(ValueError, match="^devices already specified$"):
+        g.specialize(devices=devs)
+    # Specialising other fields of a partial specialisation is fine.
+    f.specialize(devices=devs).specialize(out_specs_fn=lambda x: x)
+
+
+def test_in_specs_pin_the_signature(executor):
+    d = cpu_devices()[0]
+    spec = jax.ShapeDtypeStruct((2,), jnp.float32,
+                                sharding=jax.sharding.SingleDeviceSharding(d))
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        in_specs=((spec,), {}))
+    x = put(np.array([1.0, 2.0], np.float32), d)
+    np.testing.assert_array_equal(f(x), [2.0, 3.0])
+    np.testing.assert_array_equal(f(put(np.array([0.0, 0.0], np.float32), d)),
+                                  [1.0, 1.0])
+    with pytest.raises(ValueError, match=r"argument 0 does not match the "
+                                         r"specialized in_specs.*shape=\(3,\)"):
+        f(put(np.zeros(3, np.float32), d))
+    with pytest.raises(ValueError, match="do not match the specialized"):
+        f(x, x)
+    assert signatures(f) == 1
+
+
+def test_non_array_inputs_are_rejected(executor):
+    f = jaxcolo.colocated_python(lambda x: x)
+    for bad in (np.array(1), 1, "s", jax.ShapeDtypeStruct((), jnp.int32)):
+        with pytest.raises(ValueError, match="only supports jax.Array as "
+                                             "input and output, but got"):
+            f(bad)
+    with pytest.raises(ValueError, match="only supports jax.Array"):
+        f([put(1, cpu_devices()[0]), 2.0])
+
+
+def test_non_array_outputs_are_rejected(executor):
+    f = jaxcolo.colocated_python(lambda x: (x, np.zeros(2)))
+    with pytest.raises(ValueError, match="only supports jax.Array as input "
+                                         "and output, but got <class "
+                                         "'numpy.ndarray'>"):
+        f(put(1, cpu_devices()[0]))
+
+
+def test_tracers_are_rejected(executor):
+    f = jaxcolo.colocated_python(lambda x: x)
+    with pytest.raises(ValueError, match="traced values"):
+        jax.jit(f)(put(1, cpu_devices()[0]))
+
+
+def test_arguments_must_share_a_device_list(executor):
+    f = jaxcolo.colocated_python(lambda x, y: x)
+    devs = cpu_devices()
+    with pytest.raises(ValueError, match="All arguments must use the same "
+                                         "device list, but got multiple"):
+        f(put(1, devs[0]), put(2, devs[1]))
+
+
+def test_outputs_must_stay_on_the_programs_devices(executor):
+    devs = cpu_devices()
+    f = jaxcolo.colocated_python(lambda x: jax.device_put(x, devs[5]))
+    with pytest.raises(ValueError, match=r"output 0 lives on devices \[5\] "
+                                         r"outside the function's devices \[0\]"):
+        f(put(1, devs[0]))
+    g = jaxcolo.colocated_python(lambda x: x).specialize(
+        out_specs_fn=lambda x: jax.ShapeDtypeStruct((), jnp.int32,
+                                                    sharding=jax.sharding.SingleDeviceSharding(devs[3])))
+    with pytest.raises(ValueError, match=r"outside the function's devices"):
+        g(put(1, devs[0]))
+
+
+def test_outputs_must_match_out_specs_fn(executor):
+    d = cpu_devices()[0]
+    f = jaxcolo.colocated_python(lambda x: x.astype(jnp.float32)).specialize(
+        out_specs_fn=lambda x: x)
+    with pytest.raises(ValueError, match=r"output 0 does not match its out "
+                                         r"spec.*dtype=float32"):
+        f(put(1, d))
+
+
+def test_mixed_device_orders_with_devices_specialised(executor):
+    devs = cpu_devices()[:2]
+
+    @jaxcolo.colocated_python
+    def add(x, y):
+        arrays = [x.addressable_shards[1].data + y.addressable_shards[0].data,
+                  x.addressable_shards[0].data + y.addressable_shards[1].data]
+        return jax.make_array_from_single_device_arrays(y.shape, y.sharding,
+                                                        arrays)
+
+    add = add.specialize(devices=devs)
+    s1 = NamedSharding(Mesh([devs[0], devs[1]], "x"), P("x"))
+    s2 = NamedSharding(Mesh([devs[1], devs[0]], "x"), P("x"))
+    x = jax.device_put(np.array([0, 2]), s1)
+    y = jax.device_put(np.array([4, 8]), s2)
+    out = add(x, y)
+    assert out.sharding == s2
+    assert [s.device for s in out.addressable_shards] == [devs[1], devs[0]]
+    np.testing.assert_array_equal(jax.device_get(out), [2 + 4, 0 + 8])
+    np.testing.assert_array_equal(jax.device_get(add(x, y)), [6, 8])
+
+
+def test_specialised_devices_must_cover_the_inputs(executor):
+    devs = cpu_devices()
+    f = jaxcolo.colocated_python(lambda x: x).specialize(devices=devs[:2])
+    with pytest.raises(ValueError, match=r"input 0 lives on devices \[4\] "
+                                         r"outside the function's devices"):
+        f(put(1, devs[4]))
+
+
+def test_sharded_inputs_on_a_mesh(executor):
+    devs = cpu_devices()
+    mesh = Mesh(np.array(devs).reshape(2, 4), ("a", "b"))
+    s = NamedSharding(mesh, P("a", "b"))
+    x = jax.device_put(np.arange(32.0).reshape(4, 8), s)
+
+    @jaxcolo.colocated_python
+    def double(x):
+        return jax.jit(lambda v: v * 2, out_shardings=x.sharding)(x)
+
+    out = double(x)
+    assert out.sharding == s
+    np.testing.assert_array_equal(jax.device_get(out),
+                                  np.arange(32.0).reshape(4, 8) * 2)
+    assert jaxcolo.inspect(double.programs()[0].payload)["device_ids"] == \
+        [d.id for d in mesh.devices.flat]
+
+
+def test_exceptions_keep_their_type(executor):
+    class Boom(RuntimeError):
+        pass
+
+    @jaxcolo.colocated_python
+    def fail(x):
+        raise Boom("from the host")
+
+    x = put(1, cpu_devices()[0])
+    with pytest.raises(Boom, match="from the host"):
+        fail(x)
+    with pytest.raises(Boom):  # a failed discovery is retried, not cached
+        fail(x)
+    fut = fail.specialize(out_specs_fn=lambda x: x).submit(x)
+    with pytest.raises(Boom):
+        fut.result(timeout=10)
+
+
+def test_submit_returns_futures(executor):
+    f = jaxcolo.colocated_python(add_one_tree)
+    x = put(1, cpu_devices()[0])
+    fut = f.submit(x)  # first call: discovery, done before submit returns
+    assert isinstance(fut, concurrent.futures.Future)
+    assert int(fut.result(timeout=10)) == 2
+    futs = [f.submit({"a": x}) for _ in range(5)]
+    assert [int(u.result(timeout=10)["a"]) for u in futs] == [2] * 5
+    with pytest.raises(ValueError, match="only supports jax.Array"):
+        f.submit(1)  # argument errors raise at submit
+
+
+def test_colocated_cpu_devices():
+    devs = jax.local_devices()
+    assert jaxcolo.colocated_cpu_devices(devs) == tuple(devs)
+    assert jaxcolo.colocated_cpu_devices(devs[:1]) == (devs[0],)
+    mesh = Mesh(np.array(devs[:4]).reshape(2, 2), ("x", "y"))
+    assert jaxcolo.colocated_cpu_devices(mesh) == mesh
+    from jax.experimental import colocated_python as jcp
+    assert tuple(jcp.colocated_cpu_devices(devs)) == \
+        jaxcolo.colocated_cpu_devices(devs)
+
+
+def test_drop_in_module_surface():
+    import jax.experimental.colocated_python as jcp
+    for name in ("colocated_python", "colocated_python_class",
+                 "colocated_cpu_devices"):
+        assert hasattr(jcp, name) and callable(getattr(jaxcolo, name))
+    f = jaxcolo.colocated_python(add_one_tree)
+    assert f.__name__ == "add_one_tree" and f.__wrapped__ is add_one_tree
+
+
+def test_a_body_may_call_another_colocated_function(executor):
+    inner = jaxcolo.colocated_python(lambda x: x * 10).specialize(
+        out_specs_fn=lambda x: x)
+
+    @jaxcolo.colocated_python
+    def outer(x):
+        return inner(x) + 1
+
+    x = put(2, cpu_devices()[0])
+    assert int(outer(x)) == 21 and int(outer(x)) == 21
+
+
+def test_closed_executor_fails_queued_and_later_calls():
+    ex = jaxcolo.InlineExecutor()
+    d = cpu_devices()[0]
+    x = put(1, d)
+
+    @jaxcolo.colocated_python
+    def slow(x):
+        colocated_state.started.set()
+        colocated_state.release.wait(10)
+        return x
+
+    slow = slow.specialize(out_specs_fn=lambda x: x)
+    colocated_state.started = threading.Event()
+    colocated_state.release = threading.Event()
+    with jaxcolo.use_executor(ex):
+        futs = [slow.submit(x) for _ in range(3)]
+        assert colocated_state.started.wait(10)  # the first call is running
+        ex.close()
+        colocated_state.release.set()
+        assert int(futs[0].result(10)) == 1  # was running: completes
+        for fut in futs[1:]:
+            with pytest.raises(jaxcolo.ExecutorError, match="closed before"):
+                fut.result(10)
+        with pytest.raises(jaxcolo.ExecutorError, match="is closed"):
+            slow(x)

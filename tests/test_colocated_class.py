@@ -1,0 +1,195 @@
+"""colocated_python_class: host instances, their lifetime and methods."""
+
+import gc
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jaxcolo
+from tests import colocated_state as state
+from tests.colocated_support import cpu_devices, executor, put  # noqa: F401
+
+NO_DEVICES = ("No devices found. colocated_python function without input "
+              "arguments must be first specialized with devices.")
+
+
+@pytest.fixture
+def flags():
+    """check(name) -> the host's value of state.<name> (False if unset)."""
+    d = cpu_devices()[0]
+    sharding = jax.sharding.SingleDeviceSharding(d)
+
+    @jaxcolo.colocated_python
+    def read():
+        return {k: jax.device_put(np.array(state.__dict__.get(k, False)),
+                                  sharding)
+                for k in ("initialized", "destroyed")}
+
+    read = read.specialize(devices=[d])
+
+    def check():
+        return {k: bool(v) for k, v in jax.device_get(read()).items()}
+
+    yield check
+    for k in ("initialized", "destroyed", "inits"):
+        state.__dict__.pop(k, None)
+
+
+def _object_class():
+    @jaxcolo.colocated_python_class
+    class Object:
+        def __init__(self):
+            state.initialized = True
+            state.inits = state.__dict__.get("inits", 0) + 1
+
+        def __del__(self):
+            state.destroyed = True
+
+        def echo(self, x):
+            return x
+
+    return Object
+
+
+def test_instance_created_at_first_call_destroyed_with_wrapper(executor,
+                                                               flags):
+    Object = _object_class()
+    obj = Object()
+    assert flags() == {"initialized": False, "destroyed": False}
+    del obj  # never called: never created
+    gc.collect()
+    assert flags() == {"initialized": False, "destroyed": False}
+
+    obj = Object()
+    assert flags() == {"initialized": False, "destroyed": False}
+    x = put(1, cpu_devices()[0])
+    assert int(obj.echo(x)) == 1
+    assert flags() == {"initialized": True, "destroyed": False}
+    assert int(obj.echo(x)) == 1 and state.inits == 1  # created once
+    del obj
+    assert flags() == {"initialized": True, "destroyed": True}
+
+
+def test_stateful_object(executor):
+    @jaxcolo.colocated_python_class
+    class Value:
+        def __init__(self, initial):
+            self.value = initial
+
+        def add(self, x):
+            self.value += np.asarray(x)
+            return jax.device_put(self.value, x.sharding)
+
+        def fetch_like(self, x):
+            return jax.device_put(self.value, x.sharding)
+
+    value = Value(np.array(5))
+    other = Value(np.array(100))  # instances do not share state
+    x = put(1, cpu_devices()[0])
+    assert int(value.add(x)) == 6
+    assert int(value.add(x)) == 7
+    assert int(other.add(x)) == 101
+    assert int(value.fetch_like(x)) == 7
+    assert type(value).__name__ == "Value"
+
+
+def test_object_with_captured_sharding(executor):
+    devs = cpu_devices()
+    mesh = Mesh(devs[0:2], "x")
+    sharding1 = NamedSharding(mesh, P())
+    sharding2 = NamedSharding(mesh, P("x"))
+
+    @jaxcolo.colocated_python_class
+    class Value:
+        def __init__(self, initial):
+            self.value = initial
+            self.sharding1 = sharding1
+            self.sharding2 = sharding2
+
+        def add_sharding1(self, x):
+            self.value += np.asarray(x)
+            return jax.device_put(self.value, self.sharding1)
+
+        def add_sharding2(self, x):
+            self.value += np.asarray(x)
+            return jax.device_put(self.value, self.sharding2)
+
+    value = Value(np.array([5, 15]))
+    x = jax.device_put(np.array([1]), NamedSharding(mesh, P()))
+    out = value.add_sharding1(x)
+    assert out.sharding == sharding1
+    np.testing.assert_array_equal(jax.device_get(out), [6, 16])
+    out = value.add_sharding2(x)
+    assert out.sharding == sharding2
+    np.testing.assert_array_equal(jax.device_get(out), [7, 17])
+
+
+def test_method_specialisation(executor):
+    devs = cpu_devices()[:1]
+    sharding = jax.sharding.SingleDeviceSharding(devs[0])
+
+    @jaxcolo.colocated_python_class
+    class Object:
+        def __init__(self, sharding):
+            self.sharding = sharding
+
+        def fetch_with_devices(self):
+            return jax.device_put(np.array(1, dtype=np.int32), self.sharding)
+
+        def fetch_with_output_spec(self):
+            return jax.device_put(np.array(2, dtype=np.int32), self.sharding)
+
+    obj = Object(sharding)
+    for method in (obj.fetch_with_devices, obj.fetch_with_output_spec):
+        with pytest.raises(ValueError, match=NO_DEVICES.replace(".", r"\.")):
+            method()
+    obj.fetch_with_devices = obj.fetch_with_devices.specialize(devices=devs)
+    assert int(obj.fetch_with_devices()) == 1
+    obj.fetch_with_output_spec = obj.fetch_with_output_spec.specialize(
+        devices=devs, out_specs_fn=lambda: jax.ShapeDtypeStruct(
+            shape=(), dtype=np.int32, sharding=sharding))
+    assert int(obj.fetch_with_output_spec()) == 2
+    # out_specs_fn: no discovery program was built.
+    progs = obj.fetch_with_output_spec.programs()
+    assert len(progs) == 1
+    info = jaxcolo.inspect(progs[0].payload)
+    assert info["kind"] == "method" and info["method_name"] == \
+        "fetch_with_output_spec"
+    assert info["name"] == "Object.fetch_with_output_spec"
+
+
+def test_methods_submit_in_order(executor):
+    @jaxcolo.colocated_python_class
+    class Log:
+        def __init__(self):
+            self.items = []
+
+        def add(self, x):
+            self.items.append(int(np.asarray(x)))
+            return x
+
+        def total(self, x):
+            return jax.device_put(np.int32(sum(self.items)), x.sharding)
+
+    log = Log()
+    log.add = log.add.specialize(out_specs_fn=lambda x: x)
+    d = cpu_devices()[0]
+    futs = [log.add.submit(put(np.int32(i), d)) for i in range(20)]
+    assert int(log.total(put(np.int32(0), d))) == sum(range(20))
+    assert [int(f.result(10)) for f in futs] == list(range(20))
+
+
+def test_init_errors_reach_the_caller(executor):
+    @jaxcolo.colocated_python_class
+    class Broken:
+        def __init__(self):
+            raise KeyError("no init")
+
+        def f(self, x):
+            return x
+
+    b = Broken()
+    with pytest.raises(KeyError, match="no init"):
+        b.f(put(1, cpu_devices()[0]))

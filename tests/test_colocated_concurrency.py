@@ -1,0 +1,206 @@
+"""Ordering and concurrency of colocated calls, and single-flight caches."""
+
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import jaxcolo
+from tests import colocated_state as state
+from tests.colocated_support import cpu_devices, executor, put  # noqa: F401
+
+
+@pytest.fixture
+def x():
+    return put(1, cpu_devices()[0])
+
+
+def _ident(x):
+    return x
+
+
+@pytest.mark.parametrize("on_main_thread", [True, False])
+def test_calls_from_one_thread_run_in_program_order(executor, x,
+                                                    on_main_thread):
+    @jaxcolo.colocated_python
+    def func0(x):
+        state.value = 100
+        return x
+
+    @jaxcolo.colocated_python
+    def func1(x):
+        assert state.value == 100
+        state.value += 1
+        return x
+
+    @jaxcolo.colocated_python
+    def func2(x):
+        assert state.value == 101
+        return x
+
+    func0, func1, func2 = (f.specialize(out_specs_fn=_ident)
+                           for f in (func0, func1, func2))
+    errors = []
+
+    def calls():
+        try:
+            func0.submit(x)      # no waiting between the calls
+            func1.submit(x)
+            jax.block_until_ready(func2(x))
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    try:
+        if on_main_thread:
+            calls()
+        else:
+            t = threading.Thread(target=calls)
+            t.start()
+            t.join(30)
+        assert errors == []
+    finally:
+        state.__dict__.pop("value", None)
+
+
+def test_submitted_calls_keep_order_under_jitter(executor, x):
+    @jaxcolo.colocated_python
+    def record(x, i):
+        time.sleep(0.002 * int(np.asarray(i) % 3 == 0))  # uneven durations
+        state.order.append(int(np.asarray(i)))
+        return i
+
+    record = record.specialize(out_specs_fn=lambda x, i: i)
+    d = cpu_devices()[0]
+    state.order = []
+    try:
+        ids = [put(np.int32(i), d) for i in range(60)]
+        futs = [record.submit(x, i) for i in ids]
+        last = record(x, put(np.int32(60), d))  # a sync call waits its turn
+        assert int(last) == 60
+        assert [int(f.result(timeout=30)) for f in futs] == list(range(60))
+        assert state.order == list(range(61))
+    finally:
+        del state.order
+
+
+def test_threads_run_concurrently(executor, x):
+    """Three threads meet at a barrier inside the function: no deadlock."""
+    @jaxcolo.colocated_python
+    def init(x):
+        state.barrier = threading.Barrier(3)
+        return x
+
+    @jaxcolo.colocated_python
+    def meet(x):
+        state.barrier.wait(timeout=10)
+        return x
+
+    meet = meet.specialize(out_specs_fn=_ident)
+    results, errors = [], []
+
+    def run(use_submit):
+        try:
+            out = meet.submit(x).result(30) if use_submit else meet(x)
+            results.append(int(out))
+        except Exception as e:
+            errors.append(e)
+
+    try:
+        jax.block_until_ready(init(x))
+        for use_submit in (False, True):
+            results.clear()
+            threads = [threading.Thread(target=run, args=(use_submit,))
+                       for _ in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert errors == [] and results == [1, 1, 1]
+    finally:
+        state.__dict__.pop("barrier", None)
+
+
+def _burst(n, fn, *args):
+    """Call fn(*args) from n threads released together; (results, errors)."""
+    go = threading.Barrier(n)
+    results, errors = [None] * n, [None] * n
+
+    def run(i):
+        go.wait(10)
+        try:
+            results[i] = fn(*args)
+        except BaseException as e:
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results, errors
+
+
+def test_concurrent_misses_compile_once(executor, x):
+    made = []
+
+    def slow_out_specs(x):
+        made.append(1)
+        time.sleep(0.2)  # keeps the other threads waiting on the entry
+        return x
+
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=slow_out_specs)
+    results, errors = _burst(4, f, x)
+    assert errors == [None] * 4
+    assert [int(r) for r in results] == [2] * 4
+    assert len(made) == 1
+    assert len(f.programs()) == 1
+
+
+def test_concurrent_misses_share_the_error(executor, x):
+    made = []
+
+    def failing_out_specs(x):
+        made.append(1)
+        time.sleep(0.2)
+        raise RuntimeError(f"out_specs_fn failed ({len(made)})")
+
+    f = jaxcolo.colocated_python(lambda x: x).specialize(
+        out_specs_fn=failing_out_specs)
+    _, errors = _burst(4, f, x)
+    assert len(made) == 1
+    assert all(type(e) is RuntimeError for e in errors)
+    assert len({id(e) for e in errors}) == 1  # one error, shared
+    with pytest.raises(RuntimeError, match=r"\(2\)"):  # a later call retries
+        f(x)
+
+
+def test_concurrent_first_calls_discover_once(executor, x):
+    @jaxcolo.colocated_python
+    def slow(x):
+        state.runs += 1
+        time.sleep(0.1)
+        return x + 1
+
+    discovery_before = [p for p in slow.programs()]
+    state.runs = 0
+    try:
+        results, errors = _burst(4, slow, x)
+        assert errors == [None] * 4 and [int(r) for r in results] == [2] * 4
+        assert state.runs == 4  # every call ran once: 1 discovery + 3 calls
+        outs = [jaxcolo.inspect(p.payload)["out_specs"] for p in slow.programs()]
+        assert discovery_before == [] and len(outs) == 2
+        assert sum(isinstance(o, str) for o in outs) == 1  # one discovery program
+    finally:
+        del state.runs
+
+
+def test_fast_cache_follows_new_sharding_objects(executor):
+    d = cpu_devices()[0]
+    f = jaxcolo.colocated_python(lambda x: x)
+    for _ in range(20):  # a new, equal sharding object each time
+        s = jax.sharding.SingleDeviceSharding(d)
+        assert int(f(jax.device_put(np.int32(7), s))) == 7
+    assert len(f._cache._fast) == 1 and len(f._cache._slow) == 1

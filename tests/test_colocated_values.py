@@ -1,0 +1,150 @@
+"""What colocated calls carry: string and PRNG key arrays, module state,
+captured meshes and shardings."""
+
+import tempfile
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jaxcolo
+from jaxcolo.colocated.inline import InlineExecutor
+from tests import colocated_state as state
+from tests.colocated_support import cpu_devices, executor, put  # noqa: F401
+
+STR = np.dtypes.StringDType()
+
+
+def _upper(x):
+    out = []
+    for shard in x.addressable_shards:
+        host = jax.device_get(shard.data)
+        out.append(jax.device_put(np.vectorize(str.upper, otypes=[STR])(host),
+                                  shard.device))
+    return jax.make_array_from_single_device_arrays(x.shape, x.sharding, out)
+
+
+def test_string_arrays_in_and_out(executor):
+    devs = cpu_devices()
+    s = NamedSharding(Mesh(np.array(devs[:2]).reshape(2, 1), ("x", "y")),
+                      P("x"))
+    x = jax.device_put(np.array([["abcd", "efgh"], ["ijkl", "mnop"]], STR), s)
+    f = jaxcolo.colocated_python(_upper)
+    for _ in range(2):
+        out = f(x)
+        assert out.dtype == STR and out.sharding == s
+        np.testing.assert_array_equal(
+            jax.device_get(out), np.array([["ABCD", "EFGH"], ["IJKL", "MNOP"]],
+                                          STR))
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_prng_keys_in_and_out(executor, impl):
+    d = cpu_devices()[0]
+    key = jax.device_put(jax.random.key(42, impl=impl), d)
+
+    @jaxcolo.colocated_python
+    def split(k):
+        return jax.random.split(k, 3)
+
+    for _ in range(2):
+        out = split(key)
+        assert jax.dtypes.issubdtype(out.dtype, jax.dtypes.prng_key)
+        assert str(jax.random.key_impl(out)) == impl
+        np.testing.assert_array_equal(
+            jax.random.key_data(out),
+            jax.random.key_data(jax.random.split(jax.random.key(42, impl=impl),
+                                                 3)))
+
+
+def test_keys_strings_and_numbers_in_one_tree(executor):
+    devs = cpu_devices()
+    s = NamedSharding(Mesh(np.array(devs[:2]), ("x",)), P("x"))
+    tree = {"keys": jax.device_put(jax.random.split(jax.random.key(1), 2), s),
+            "rbg": jax.device_put(jax.random.split(
+                jax.random.key(2, impl="rbg"), 2), s),
+            "words": jax.device_put(np.array(["a", "bc"], STR), s),
+            "n": jax.device_put(np.arange(2.0), s)}
+
+    @jaxcolo.colocated_python
+    def mix(t):
+        return {"keys": jax.random.fold_in(t["keys"][0], 1),
+                "words": _upper(t["words"]), "n": t["n"] * 3,
+                "rbg_data": jax.random.key_data(t["rbg"]), "rbg": t["rbg"]}
+
+    mix = mix.specialize(devices=devs[:2])
+    for _ in range(2):
+        out = mix(tree)
+        np.testing.assert_array_equal(jax.device_get(out["words"]),
+                                      np.array(["A", "BC"], STR))
+        np.testing.assert_array_equal(jax.device_get(out["n"]), [0.0, 3.0])
+        np.testing.assert_array_equal(
+            jax.random.key_data(out["keys"]),
+            jax.random.key_data(jax.random.fold_in(
+                jax.random.split(jax.random.key(1), 2)[0], 1)))
+        assert str(jax.random.key_impl(out["rbg"])) == "rbg"
+        np.testing.assert_array_equal(jax.random.key_data(out["rbg"]),
+                                      out["rbg_data"])
+
+
+def test_module_state_is_visible_and_module_not_pickled(executor):
+    # An unpicklable object in the module that holds the state: pickling the
+    # module along with the functions would fail.
+    state.unpicklable = tempfile.TemporaryFile()
+    try:
+        @jaxcolo.colocated_python
+        def set_state(x):
+            state.value = x
+            return x + 1
+
+        @jaxcolo.colocated_python
+        def get_state(x):
+            del x
+            return state.value
+
+        d = cpu_devices()[0]
+        jax.block_until_ready(set_state(put(1, d)))
+        np.testing.assert_array_equal(jax.device_get(get_state(put(2, d))), 1)
+        jax.block_until_ready(set_state(put(5, d)))
+        np.testing.assert_array_equal(jax.device_get(get_state(put(2, d))), 5)
+    finally:
+        state.unpicklable.close()
+        del state.unpicklable
+        state.__dict__.pop("value", None)
+
+
+def test_captured_mesh_and_sharding_work(executor):
+    devs = cpu_devices()
+    mesh = Mesh(np.array(devs[:4]).reshape(2, 2), ("a", "b"))
+    sharding = NamedSharding(mesh, P("a"))
+
+    @jaxcolo.colocated_python
+    def make():
+        return jax.device_put(np.arange(4.0), sharding)
+
+    make = make.specialize(devices=devs[:4])
+    out = make()
+    assert out.sharding == sharding
+    np.testing.assert_array_equal(jax.device_get(out), np.arange(4.0))
+
+
+def test_captured_mesh_naming_an_unknown_device_fails_clearly():
+    devs = jax.devices()
+    host = InlineExecutor(devices=devs[:4])  # this "host" owns devices 0..3
+    elsewhere = NamedSharding(Mesh(np.array(devs[4:6]), ("x",)), P())
+
+    @jaxcolo.colocated_python
+    def make(x):
+        return jax.device_put(x, elsewhere)
+
+    with host, jaxcolo.use_executor(host):
+        with pytest.raises(jaxcolo.PayloadError,
+                           match=r"cannot load the body of 'make'.*unknown "
+                                 rf"device id {devs[4].id}.* - at \$\.body\."):
+            make(put(1, devs[0]))
+        # Program devices the executor lacks: named too.
+        with pytest.raises(jaxcolo.PayloadError,
+                           match=rf"unknown device id {devs[6].id}.* - at "
+                                 r"\$\.in_specs"):
+            jaxcolo.colocated_python(lambda x: x)(put(1, devs[6]))
