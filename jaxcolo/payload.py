@@ -8,14 +8,27 @@ from typing import Any, Callable
 from jaxcolo_fb import RootKind
 from jaxcolo import envelope
 from jaxcolo.codec import spec_tree
-from jaxcolo.colocated import program
 from jaxcolo.errors import PayloadError
 
 # root kind -> decode(data, device_resolver) -> object
 DECODERS: dict[int, Callable] = {
     RootKind.spec_tree: spec_tree.decode_spec_tree,
-    RootKind.program: program.decode_program,
 }
+# Decoders of higher layers, imported on first use so that arrows point one
+# way (codec <- colocated API), never from this module up.
+_LAZY_DECODERS = {
+    RootKind.program: ("jaxcolo.colocated.program", "decode_program"),
+}
+
+
+def _decoder(kind: int):
+    decode = DECODERS.get(kind)
+    if decode is None and kind in _LAZY_DECODERS:
+        import importlib
+        module, name = _LAZY_DECODERS[kind]
+        decode = DECODERS[kind] = getattr(importlib.import_module(module),
+                                          name)
+    return decode
 ROOT_KIND_NAMES = {v: k for k, v in vars(RootKind).items()
                    if not k.startswith("_") and isinstance(v, int)}
 
@@ -45,7 +58,7 @@ def deserialize(data, device_resolver=None) -> Any:
     """Decode any jaxcolo payload.  Raises PayloadError for bad bytes."""
     header = envelope.read_header(data)
     envelope.check_readable(header)
-    decode = DECODERS.get(header.root_kind)
+    decode = _decoder(header.root_kind)
     if decode is None:
         raise PayloadError(f"unknown root kind {header.root_kind}",
                            "$.header.root_kind")
