@@ -99,3 +99,11 @@ def _inspect_program(data, header) -> dict:
 
 
 register_inspector(RootKind.program, _inspect_program)
+
+
+def _inspect_hello(data, header) -> dict:
+    from jaxcolo.transport.handshake import inspect_hello
+    return inspect_hello(data, header)
+
+
+register_inspector(RootKind.hello, _inspect_hello)

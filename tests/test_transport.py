@@ -43,7 +43,9 @@ def _echo_listener(hello=None, need=1, timeout=5.0):
 def test_hello_round_trip_and_checks():
     h = hs.local_hello("worker", host_index=3, device_ids=[4, 5, 6])
     assert hs.decode_hello(hs.encode_hello(h)) == h
-    assert jaxcolo.inspect(hs.encode_hello(h))["root_kind"] == "hello"
+    info = jaxcolo.inspect(hs.encode_hello(h))
+    assert info["root_kind"] == "hello" and info["hello"]["device_ids"] == [4, 5, 6]
+    assert jaxcolo.deserialize(hs.encode_hello(h)) == h
     with pytest.raises(jaxcolo.PayloadError, match=r"expected a Hello"):
         hs.decode_hello(jaxcolo.serialize(None))
     bad = hs.Hello(3, 2, "worker")

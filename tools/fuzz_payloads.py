@@ -74,8 +74,28 @@ def seed_payloads() -> list[bytes]:
             corpus.avals(), corpus.pytrees(), corpus.misc()]
     # Plain bodies exercise the structural checks; compressed ones the
     # inflate path.
-    return [jaxcolo.serialize(o, compress=c) for o in objs
-            for c in (False, True)]
+    seeds = [jaxcolo.serialize(o, compress=c) for o in objs
+             for c in (False, True)]
+    return seeds + other_root_kinds(corpus)
+
+
+def other_root_kinds(corpus) -> list[bytes]:
+    """Program and hello payloads (bodies are never loaded by decoding)."""
+    import jax
+    from jaxcolo.colocated.program import encode_program
+    from jaxcolo.transport import handshake
+    sds = corpus.avals()[2]
+    specs = jaxcolo.serialize(((sds,), {}), compress=False)
+    out = []
+    for kind, extra in (("function", {}),
+                        ("method", {"method_name": "m", "instance_id": 7})):
+        out.append(encode_program(
+            name="f", kind=kind, body=b"\x80\x05N.", in_specs=specs,
+            out_specs=specs, device_ids=[d.id for d in jax.devices()],
+            **extra))
+    out.append(handshake.encode_hello(handshake.local_hello(
+        "worker", host_index=1, device_ids=range(4))))
+    return out
 
 
 def run(seeds, n: int, rng: random.Random, slow: float = 2.0):

@@ -104,6 +104,18 @@ def decode_hello(data) -> Hello:
                  tuple(ids))
 
 
+def decode_hello_root(data, device_resolver=None) -> Hello:
+    """``jaxcolo.deserialize`` of a Hello payload (root kind registry)."""
+    return decode_hello(data)
+
+
+def inspect_hello(data, header) -> dict:
+    """``jaxcolo.inspect`` content of a Hello payload."""
+    hello = dataclasses.asdict(decode_hello(data))
+    hello["device_ids"] = list(hello["device_ids"])  # JSON-friendly
+    return {"hello": hello}
+
+
 def negotiate(local: Hello, remote: Hello, *, need: int = 1) -> int:
     """The highest payload version both sides read, at least ``need``."""
     agreed = min(local.max_version, remote.max_version)
