@@ -38,6 +38,7 @@ class ExportVersion:
     max_dtype: int              # largest DType enum value it reads and writes
     custom_pytree: bool         # PyTreeDefKind.custom nodes
     nr_devices_short: bool      # writes Exported.nr_devices_short (int16)
+    short_optional: bool        # some releases of it write the short, some not
     nr_devices_long: bool       # writes Exported.nr_devices (uint32)
     memory_space: bool          # writes AbstractValue.memory_space
     hlo_shardings: bool         # writes Sharding.kind + hlo_sharding_proto
@@ -50,6 +51,7 @@ class ExportVersion:
 
 def _v(version, stored, releases, added, **layout):
     base = dict(max_dtype=22, custom_pytree=False, nr_devices_short=True,
+                short_optional=False,
                 nr_devices_long=False, memory_space=False, hlo_shardings=True,
                 named_shardings=False, abstract_device=False,
                 device_platform=False, unique_tables=False, jax_version=False)
@@ -60,9 +62,10 @@ def _v(version, stored, releases, added, **layout):
 _V3 = dict(max_dtype=26, custom_pytree=True)
 _V4 = dict(_V3, max_dtype=29)
 _V5 = dict(_V4, nr_devices_long=True, memory_space=True)
-_V6 = dict(_V5, nr_devices_short=False, named_shardings=True)
-_V7 = dict(_V6, hlo_shardings=False)
-_V8 = dict(_V6, abstract_device=True)
+_V6 = dict(_V5, nr_devices_short=False, short_optional=True,
+           named_shardings=True)
+_V7 = dict(_V6, hlo_shardings=False, short_optional=False)
+_V8 = dict(_V6, abstract_device=True, short_optional=False)
 _V9 = dict(_V8, hlo_shardings=False)
 _V10 = dict(_V9, unique_tables=True)
 _V11 = dict(_V10, device_platform=True)
