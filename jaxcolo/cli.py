@@ -32,6 +32,8 @@ def cmd_inspect(args) -> int:
     for key, value in info.items():
         if key in ("format", "root_kind", "size", "leaves"):
             continue
+        if isinstance(value, list) and len(value) > 8:
+            value = value[:8] + [f"... {len(value) - 8} more"]
         print(f"  {key}: {value}")
     for i, leaf in enumerate(info.get("leaves", [])[:20]):
         print(f"  leaf[{i}]: {leaf}")
@@ -61,7 +63,8 @@ def main(argv=None) -> int:
     p.add_argument("file")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_inspect)
-    p = sub.add_parser("check", help="can a reader of version N read FILE?")
+    p = sub.add_parser("check", help="can a reader of version N read FILE? "
+                       "(for JAX export payloads: JAX serialization version N)")
     p.add_argument("file")
     p.add_argument("--reader-version", type=int, required=True)
     p.set_defaults(fn=cmd_check)

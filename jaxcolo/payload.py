@@ -14,6 +14,11 @@ from jaxcolo.errors import PayloadError
 DECODERS: dict[int, Callable] = {
     RootKind.spec_tree: spec_tree.decode_spec_tree,
 }
+# Root kinds whose decoder lives in a module imported on first use (it
+# registers itself with register_root / register_inspector).
+LAZY_ROOTS: dict[int, str] = {
+    RootKind.export_bundle: "jaxcolo.export.bundle",
+}
 ROOT_KIND_NAMES = {v: k for k, v in vars(RootKind).items()
                    if not k.startswith("_") and isinstance(v, int)}
 
@@ -28,6 +33,14 @@ def register_root(kind: int, decode: Callable) -> None:
     DECODERS[kind] = decode
 
 
+def load_root(kind: int) -> None:
+    """Import the module providing root kind ``kind``, if it is lazy."""
+    module = LAZY_ROOTS.get(kind)
+    if module is not None and kind not in DECODERS:
+        import importlib
+        importlib.import_module(module)
+
+
 def serialize(obj: Any, version: int | None = None) -> bytes:
     """Encode ``obj`` (containers over spec objects) as a spec payload."""
     return spec_tree.encode_spec_tree(obj, version)
@@ -37,6 +50,7 @@ def deserialize(data, device_resolver=None) -> Any:
     """Decode any jaxcolo payload.  Raises PayloadError for bad bytes."""
     header = envelope.read_header(data)
     envelope.check_readable(header)
+    load_root(header.root_kind)
     decode = DECODERS.get(header.root_kind)
     if decode is None:
         raise PayloadError(f"unknown root kind {header.root_kind}",

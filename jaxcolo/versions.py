@@ -13,7 +13,7 @@ import dataclasses
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIN_READABLE_VERSION = 1
 
 
@@ -37,6 +37,10 @@ HISTORY: tuple[VersionInfo, ...] = (
         "device_list",
         "effect",
         "prng_impl",
+    )),
+    # --- export-format branch: schema version 2 adds the export bundle. ---
+    VersionInfo(2, 1, (
+        "export_bundle",      # root kind 3: JAX Exported + colocated specs
     )),
 )
 

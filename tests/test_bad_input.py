@@ -67,7 +67,7 @@ def test_version_errors_name_versions():
     data = jaxcolo.serialize(np.dtype("f4"))
     with pytest.raises(jaxcolo.VersionError,
                        match=r"needs a reader of version >= 99.*supports "
-                             r"versions 1\.\.1"):
+                             rf"versions 1\.\.{jaxcolo.SCHEMA_VERSION}"):
         jaxcolo.deserialize(_with_header(data, writer=99, reader=99))
     with pytest.raises(jaxcolo.PayloadError, match="root kind 77"):
         jaxcolo.deserialize(_with_header(data, kind=77))

@@ -144,3 +144,14 @@ def test_each_version_is_read_and_called_by_jax(d, case, version):
     assert_same_exported(je.deserialize(data),
                          jax.export.deserialize(bytearray(data)))
     verify.verify_case(os.path.join(GOLDEN, d), case, data=data)
+
+
+def test_mutation_fuzz_only_payload_errors():
+    """Quick run of tools/fuzz_export.py (the long run: 200k mutations)."""
+    import random
+    sys.path.insert(0, os.path.dirname(TOOLS))
+    import fuzz_export
+    seeds = fuzz_export.seed_payloads()
+    counts, failures, _ = fuzz_export.run(seeds, 3000, random.Random(99))
+    assert not failures, failures[0][1]
+    assert counts["PayloadError"] > 1000

@@ -11,11 +11,13 @@ N reads, or raises :class:`jaxcolo.EncodeError` if the Exported uses
 something version N cannot express.  ``deserialize`` reads versions 2..12
 through a bounds-checked reader: malformed bytes raise
 :class:`jaxcolo.PayloadError` naming the field, never anything else.
-:func:`version_range` and :func:`readable_by` tell which versions wrote and
+:func:`bundle` / :func:`unbundle` ship an Exported with colocated spec
+payloads under jaxcolo's envelope (root kind 3).  :func:`version_range` and :func:`readable_by` tell which versions wrote and
 which JAX readers can read a payload.  jaxcolo/export/versions.py is the
 table of what each version added.
 """
 
+from jaxcolo.export.bundle import ExportBundle, bundle, unbundle
 from jaxcolo.export.decode import deserialize
 from jaxcolo.export.detect import readable_by, serialization_version, \
     version_range
@@ -24,4 +26,4 @@ from jaxcolo.export.versions import DEFAULT_VERSION, MAX_VERSION, MIN_VERSION
 
 __all__ = ["serialize", "deserialize", "serialization_version",
            "version_range", "readable_by", "DEFAULT_VERSION", "MIN_VERSION",
-           "MAX_VERSION"]
+           "MAX_VERSION", "bundle", "unbundle", "ExportBundle"]
