@@ -49,11 +49,8 @@ def dtype_kind(dtype, row, path: str) -> int:
 
 def encode_aval(builder, aval, row, path: str = "$") -> int:
     """Build one AbstractValue table the way JAX's writer of ``row`` does."""
-    dims = [builder.CreateString(str(d)) for d in aval.shape]
-    builder.StartVector(4, len(dims), 4)
-    for off in reversed(dims):
-        builder.PrependUOffsetTRelative(off)
-    shape_off = builder.EndVector()
+    shape_off = builder.offset_vector(
+        [builder.CreateString(str(d)) for d in aval.shape])
     kind = dtype_kind(aval.dtype, row, path)
     mem = _MEM_TO_FB.get(aval.memory_space)
     if mem is None:

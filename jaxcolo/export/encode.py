@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 
 import jax
-import numpy as np
 
 import jaxcolo_jax_export_fb as fb
 from jaxcolo.errors import EncodeError
@@ -26,7 +25,7 @@ from jaxcolo.export.effects import encode_check, encode_effect
 from jaxcolo.export.pytrees import encode_tree
 from jaxcolo.export.shardings import encode_abstract_mesh, \
     encode_named_sharding, encode_sharding
-from jaxcolo.fastbuilder import FastBuilder
+from jaxcolo.export.builder import ExportBuilder
 
 MAX_VJP_ORDER = 64
 
@@ -45,16 +44,13 @@ def serialize(exp, vjp_order: int = 0, version: int | None = None
             not 0 <= vjp_order <= MAX_VJP_ORDER:
         raise EncodeError(f"vjp_order must be an int in 0..{MAX_VJP_ORDER}, "
                           f"got {vjp_order!r}")
-    builder = FastBuilder()
+    builder = ExportBuilder()
     builder.Finish(_exported(builder, exp, vjp_order, row, "$"))
     return bytearray(builder.Output())
 
 
 def _vector(builder, offs) -> int:
-    builder.StartVector(4, len(offs), 4)
-    for off in reversed(offs):
-        builder.PrependUOffsetTRelative(off)
-    return builder.EndVector()
+    return builder.offset_vector(offs)
 
 
 class _Uniques:
@@ -148,7 +144,7 @@ def _exported(builder, exp, vjp_order, row, path) -> int:
     if any(not 0 <= k < 1 << 16 for k in kept):
         raise EncodeError("kept variable indices must fit uint16",
                           f"{path}.module_kept_var_idx")
-    kept_off = builder.CreateNumpyVector(np.asarray(kept, np.uint16))
+    kept_off = builder.uint_vector(kept, 2)
     vjp = 0
     if vjp_order > 0:
         if not exp.has_vjp():
@@ -170,7 +166,7 @@ def _exported(builder, exp, vjp_order, row, path) -> int:
                 f"{path}.unique_named_shardings[{i}]")
             for i, s in enumerate(uniques.named)])
         amap, nmap = uniques.avals, uniques.named
-        idxs = [builder.CreateNumpyVector(np.asarray(v, np.uint32)) for v in (
+        idxs = [builder.uint_vector(v, 4) for v in (
             [amap[a] for a in exp.in_avals],
             [amap[a] for a in exp.out_avals],
             [0 if s is None else 1 + nmap[s]

@@ -99,10 +99,7 @@ def encode_tree(builder, td, custom_ok: bool, path: str = "$",
 
 
 def _offset_vector(builder, offs) -> int:
-    builder.StartVector(4, len(offs), 4)
-    for off in reversed(offs):
-        builder.PrependUOffsetTRelative(off)
-    return builder.EndVector()
+    return builder.offset_vector(offs)
 
 
 # ------------------------------------------------------------------ decode

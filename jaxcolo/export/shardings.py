@@ -10,6 +10,8 @@ Untrusted OpSharding protos only reach XLA through jaxcolo's strict checker
 
 from __future__ import annotations
 
+import struct
+
 from jax._src import mesh as jmesh
 from jax._src import named_sharding as jnamed
 from jax._src import partition_spec as jps
@@ -33,18 +35,11 @@ _CACHE_MAX = 512
 
 
 def _strings(builder, items) -> int:
-    offs = [builder.CreateString(s) for s in items]
-    builder.StartVector(4, len(offs), 4)
-    for off in reversed(offs):
-        builder.PrependUOffsetTRelative(off)
-    return builder.EndVector()
+    return builder.offset_vector([builder.CreateString(s) for s in items])
 
 
 def _tables(builder, offs) -> int:
-    builder.StartVector(4, len(offs), 4)
-    for off in reversed(offs):
-        builder.PrependUOffsetTRelative(off)
-    return builder.EndVector()
+    return builder.offset_vector(offs)
 
 
 # ------------------------------------------------------- abstract device
@@ -93,20 +88,18 @@ def decode_abstract_device(t, path):
 # ---------------------------------------------------------- abstract mesh
 
 def encode_abstract_mesh(builder, mesh, row, path) -> int:
-    sizes = mesh.axis_sizes
-    builder.StartVector(4, len(sizes), 4)
-    for s in reversed(sizes):
-        builder.PrependUint32(s)
-    sizes_off = builder.EndVector()
+    try:
+        sizes_off = builder.uint_vector(mesh.axis_sizes, 4)
+    except struct.error:
+        raise EncodeError(f"mesh axis sizes {mesh.axis_sizes} do not fit "
+                          "uint32", path) from None
     names_off = _strings(builder, mesh.axis_names)
-    types = mesh.axis_types
-    builder.StartVector(1, len(types), 1)
-    for t in reversed(types):
-        try:
-            builder.PrependByte(_AXIS_TO_FB[t])
-        except KeyError:
-            raise EncodeError(f"unsupported axis type {t}", path) from None
-    types_off = builder.EndVector()
+    try:
+        types = bytes(_AXIS_TO_FB[t] for t in mesh.axis_types)
+    except KeyError as e:
+        raise EncodeError(f"unsupported axis type {e.args[0]}",
+                          path) from None
+    types_off = builder.CreateByteVector(types)
     dev = mesh.abstract_device
     dev_off = 0
     if dev is not None:
