@@ -2,7 +2,6 @@
 (tests/golden/jax_export, made by tools/jax_golden/make_golden.py)."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 
@@ -17,20 +16,7 @@ GOLDEN = os.path.join(HERE, "golden", "jax_export")
 TOOLS = os.path.join(os.path.dirname(HERE), "tools", "jax_golden")
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(TOOLS, name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-golden_types = _load("golden_types")
-import sys  # noqa: E402
-sys.modules.setdefault("golden_types", golden_types)
-verify = _load("verify_golden")
-golden_types.register_serialization()
-golden_types.setup_testing_effects()
+from tests.golden_setup import verify_golden as verify  # noqa: E402
 
 # The newest serialization version of each golden release (versions.py).
 RELEASE_VERSION = {r: row.version for row in je.versions.HISTORY
@@ -149,6 +135,7 @@ def test_each_version_is_read_and_called_by_jax(d, case, version):
 def test_mutation_fuzz_only_payload_errors():
     """Quick run of tools/fuzz_export.py (the long run: 200k mutations)."""
     import random
+    import sys
     sys.path.insert(0, os.path.dirname(TOOLS))
     import fuzz_export
     seeds = fuzz_export.seed_payloads()

@@ -17,7 +17,8 @@ which JAX readers can read a payload.  jaxcolo/export/versions.py is the
 table of what each version added.
 """
 
-from jaxcolo.export.bundle import ExportBundle, bundle, unbundle
+from jaxcolo.export.bundle import ExportBundle, bundle, open_bundle, \
+    unbundle
 from jaxcolo.export.decode import deserialize
 from jaxcolo.export.detect import readable_by, serialization_version, \
     version_range
@@ -26,4 +27,4 @@ from jaxcolo.export.versions import DEFAULT_VERSION, MAX_VERSION, MIN_VERSION
 
 __all__ = ["serialize", "deserialize", "serialization_version",
            "version_range", "readable_by", "DEFAULT_VERSION", "MIN_VERSION",
-           "MAX_VERSION", "bundle", "unbundle", "ExportBundle"]
+           "MAX_VERSION", "bundle", "unbundle", "open_bundle", "ExportBundle"]
