@@ -9,7 +9,12 @@ from jaxcolo.errors import PayloadError, VersionError
 def check_readable(data, reader_version: int) -> tuple[bool, str]:
     """(ok, reason).  Checks the envelope against the reader's version range
     (the same rule readers apply) and that this library can decode the
-    content structurally."""
+    content structurally.  For a JAX export payload (no jaxcolo magic),
+    ``reader_version`` is a JAX serialization version."""
+    if isinstance(data, (bytes, bytearray, memoryview)) and \
+            not envelope.is_envelope(data):
+        from jaxcolo.export.inspection import check_jax_export
+        return check_jax_export(data, reader_version)
     try:
         header = envelope.read_header(data)
     except PayloadError as e:

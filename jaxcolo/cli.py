@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     p.add_argument("file")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_inspect)
-    p = sub.add_parser("check", help="can a reader of version N read FILE?")
+    p = sub.add_parser("check", help="can a reader of version N read FILE? "
+                       "(for JAX export payloads: JAX serialization version N)")
     p.add_argument("file")
     p.add_argument("--reader-version", type=int, required=True)
     p.set_defaults(fn=cmd_check)

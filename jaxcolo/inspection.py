@@ -39,7 +39,12 @@ def readable_by(header) -> list[int]:
 
 
 def inspect(data) -> dict:
-    """Describe any jaxcolo payload.  Raises PayloadError for bad bytes."""
+    """Describe any jaxcolo payload, or a JAX export payload (recognised by
+    the absence of jaxcolo's magic).  Raises PayloadError for bad bytes."""
+    if isinstance(data, (bytes, bytearray, memoryview)) and \
+            not envelope.is_envelope(data):
+        from jaxcolo.export.inspection import inspect_jax_export
+        return inspect_jax_export(data)
     header = envelope.read_header(data)
     out = {
         "format": "jaxcolo",
@@ -50,6 +55,8 @@ def inspect(data) -> dict:
         "size": len(data),
         "crc32": f"{header.crc32:08x}",
     }
+    from jaxcolo.payload import load_root
+    load_root(header.root_kind)
     fn = INSPECTORS.get(header.root_kind)
     if fn is not None:
         out.update(fn(data, header))
@@ -92,18 +99,3 @@ from jaxcolo_fb import RootKind  # noqa: E402
 
 register_inspector(RootKind.spec_tree, inspect_spec_tree)
 
-
-def _inspect_program(data, header) -> dict:
-    from jaxcolo.colocated.program import inspect_program
-    return inspect_program(data, header)
-
-
-register_inspector(RootKind.program, _inspect_program)
-
-
-def _inspect_hello(data, header) -> dict:
-    from jaxcolo.transport.handshake import inspect_hello
-    return inspect_hello(data, header)
-
-
-register_inspector(RootKind.hello, _inspect_hello)

@@ -14,22 +14,15 @@ from jaxcolo.errors import PayloadError
 DECODERS: dict[int, Callable] = {
     RootKind.spec_tree: spec_tree.decode_spec_tree,
 }
-# Decoders of higher layers, imported on first use so that arrows point one
-# way (codec <- colocated API), never from this module up.
-_LAZY_DECODERS = {
-    RootKind.program: ("jaxcolo.colocated.program", "decode_program"),
-    RootKind.hello: ("jaxcolo.transport.handshake", "decode_hello_root"),
+# Root kinds provided by higher layers (colocated programs, JAX export
+# bundles, transport messages): the module is imported on first use and
+# registers its decoder and inspector, so arrows point one way (those layers
+# import this one, never the reverse).
+LAZY_ROOTS: dict[int, str] = {
+    RootKind.program: "jaxcolo.colocated.program",
+    RootKind.export_bundle: "jaxcolo.export.bundle",
+    RootKind.hello: "jaxcolo.transport.handshake",
 }
-
-
-def _decoder(kind: int):
-    decode = DECODERS.get(kind)
-    if decode is None and kind in _LAZY_DECODERS:
-        import importlib
-        module, name = _LAZY_DECODERS[kind]
-        decode = DECODERS[kind] = getattr(importlib.import_module(module),
-                                          name)
-    return decode
 ROOT_KIND_NAMES = {v: k for k, v in vars(RootKind).items()
                    if not k.startswith("_") and isinstance(v, int)}
 
@@ -42,6 +35,14 @@ _MALFORMED = (IndexError, KeyError, struct.error, UnicodeDecodeError,
 
 def register_root(kind: int, decode: Callable) -> None:
     DECODERS[kind] = decode
+
+
+def load_root(kind: int) -> None:
+    """Import the module providing root kind ``kind``, if it is lazy."""
+    module = LAZY_ROOTS.get(kind)
+    if module is not None and kind not in DECODERS:
+        import importlib
+        importlib.import_module(module)
 
 
 def serialize(obj: Any, version: int | None = None, *,
@@ -59,7 +60,8 @@ def deserialize(data, device_resolver=None) -> Any:
     """Decode any jaxcolo payload.  Raises PayloadError for bad bytes."""
     header = envelope.read_header(data)
     envelope.check_readable(header)
-    decode = _decoder(header.root_kind)
+    load_root(header.root_kind)
+    decode = DECODERS.get(header.root_kind)
     if decode is None:
         raise PayloadError(f"unknown root kind {header.root_kind}",
                            "$.header.root_kind")

@@ -39,8 +39,9 @@ HISTORY: tuple[VersionInfo, ...] = (
         "prng_impl",
     )),
     VersionInfo(2, 1, (
-        "program",            # root kind: a colocated Python program
-        "hello",              # root kind: executor connection handshake
+        "program",            # root kind 2: a colocated Python program
+        "export_bundle",      # root kind 3: JAX Exported + colocated specs
+        "hello",              # root kind 4: executor connection handshake
     )),
 )
 

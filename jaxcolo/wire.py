@@ -23,18 +23,20 @@ from jaxcolo.errors import PayloadError
 
 _U8 = struct.Struct("<B").unpack_from
 _U16 = struct.Struct("<H").unpack_from
+_I16 = struct.Struct("<h").unpack_from
 _I32 = struct.Struct("<i").unpack_from
 _U32 = struct.Struct("<I").unpack_from
 _I64 = struct.Struct("<q").unpack_from
 
 _SCALARS = {
     # name: (unpack_from, width)
-    "u8": (_U8, 1), "bool": (_U8, 1), "u16": (_U16, 2), "i32": (_I32, 4),
-    "u32": (_U32, 4), "i64": (_I64, 8),
+    "u8": (_U8, 1), "bool": (_U8, 1), "u16": (_U16, 2), "i16": (_I16, 2),
+    "i32": (_I32, 4), "u32": (_U32, 4), "i64": (_I64, 8),
 }
 
 _NP_LE = {
     "u8": np.dtype("u1"), "u32": np.dtype("<u4"), "i64": np.dtype("<i8"),
+    "u16": np.dtype("<u2"),
 }
 
 
@@ -190,7 +192,8 @@ class Table:
         v = self._vector(voff, width, path, name)
         if v is None or not v[1]:
             return ()
-        fmt = {"u8": "B", "bool": "B", "i32": "i", "u32": "I", "i64": "q"}[kind]
+        fmt = {"u8": "B", "bool": "B", "i32": "i", "u32": "I", "i64": "q",
+               "u16": "H", "i16": "h"}[kind]
         return struct.unpack_from(f"<{v[1]}{fmt}", self.buf.data, v[0])
 
     def strings(self, voff: int, path: str, name: str) -> list:

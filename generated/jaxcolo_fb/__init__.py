@@ -130,6 +130,7 @@ class RootKind(object):
     invalid = 0
     spec_tree = 1
     program = 2
+    export_bundle = 3
     hello = 4
 
 
@@ -2574,6 +2575,114 @@ def SpecTreeStartHloShardingsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def SpecTreeEnd(builder):
+    return builder.EndObject()
+
+
+
+# Root of an export bundle (root kind export_bundle, since schema version 2):
+# a JAX Exported shipped together with colocated spec payloads.
+class ExportBundle(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = ExportBundle()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsExportBundle(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # ExportBundle
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # JAX's own Exported wire format (any serialization version 2..12), as
+    # written by jax.export / jaxcolo.export.serialize.
+    # ExportBundle
+    def Exported(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # ExportBundle
+    def ExportedAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # ExportBundle
+    def ExportedLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ExportBundle
+    def ExportedIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        return o == 0
+
+    # Its serialization version as inferred when bundling (informational).
+    # ExportBundle
+    def ExportedVersion(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint16Flags, o + self._tab.Pos)
+        return 0
+
+    # A complete jaxcolo spec payload (envelope included), or absent.
+    # ExportBundle
+    def Specs(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # ExportBundle
+    def SpecsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # ExportBundle
+    def SpecsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ExportBundle
+    def SpecsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
+def ExportBundleStart(builder):
+    builder.StartObject(3)
+
+def ExportBundleAddExported(builder, exported):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(exported), 0)
+
+def ExportBundleStartExportedVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
+def ExportBundleAddExportedVersion(builder, exportedVersion):
+    builder.PrependUint16Slot(1, exportedVersion, 0)
+
+def ExportBundleAddSpecs(builder, specs):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(specs), 0)
+
+def ExportBundleStartSpecsVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
+def ExportBundleEnd(builder):
     return builder.EndObject()
 
 

@@ -191,3 +191,16 @@ def _intern_dtype_leaf(writer, dtype, path):
 register_table("dtypes", _build_dtype_entry, _decode_dtype_entry)
 register_leaf((np.dtype, prng.KeyTy), LeafKind.dtype, "dtypes", _intern_dtype_leaf,
               subclasses=True)
+
+
+def dtype_of_kind(kind: int):
+    """The dtype of a DType enum value, or None if unknown here.
+
+    Values 0..29 are also jax.export's DType values (used by jaxcolo.export).
+    """
+    dt = _NUMERIC.get(kind)
+    if dt is not None:
+        return dt
+    name = _KIND_TO_KEY.get(kind)
+    impl = prng.prngs.get(name) if name is not None else None
+    return prng.KeyTy(impl) if impl is not None else None

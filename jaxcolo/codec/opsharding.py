@@ -106,3 +106,27 @@ def parse(blob: bytes, path: str):
         return xc.HloSharding.from_proto(clean)
     except Exception as e:
         raise PayloadError(f"invalid OpSharding: {e}", path) from None
+
+
+def parse_foreign(blob: bytes, path: str):
+    """An HloSharding from OpSharding bytes written by someone else (JAX).
+
+    Same checks as :func:`parse`, but fields jaxcolo does not write (e.g.
+    metadata) are dropped instead of rejected: the sharding is rebuilt from
+    the checked fields only, so ``from_proto`` never sees unchecked input.
+    """
+    op = xc.OpSharding()
+    try:
+        op.ParseFromString(blob)
+    except Exception as e:
+        raise PayloadError(f"invalid OpSharding proto: {e}", path) from None
+    try:
+        _check(op, path)
+    except PayloadError:
+        raise
+    except ValueError as e:
+        raise PayloadError(f"invalid OpSharding: {e}", path) from None
+    try:
+        return xc.HloSharding.from_proto(_clean(op))
+    except Exception as e:
+        raise PayloadError(f"invalid OpSharding: {e}", path) from None

@@ -288,3 +288,14 @@ def inspect_program(data, header) -> dict:
     if raw.source_info:
         out["source_info"] = raw.source_info
     return out
+
+
+def _register() -> None:
+    """Make this root kind known to jaxcolo.deserialize / jaxcolo.inspect."""
+    from jaxcolo.inspection import register_inspector
+    from jaxcolo.payload import register_root
+    register_root(RootKind.program, decode_program)
+    register_inspector(RootKind.program, inspect_program)
+
+
+_register()

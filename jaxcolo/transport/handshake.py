@@ -132,3 +132,14 @@ def negotiate(local: Hello, remote: Hello, *, need: int = 1) -> int:
             f"({remote.software or '?'}){needs}; {advice}",
             "$.hello")
     return agreed
+
+
+def _register() -> None:
+    """Make this root kind known to jaxcolo.deserialize / jaxcolo.inspect."""
+    from jaxcolo.inspection import register_inspector
+    from jaxcolo.payload import register_root
+    register_root(RootKind.hello, decode_hello_root)
+    register_inspector(RootKind.hello, inspect_hello)
+
+
+_register()

@@ -8,7 +8,8 @@ For every ``jax-<V>/<case>.bin`` with status "ok" in its manifest:
 call ``exp.call(*args, **kwargs)`` and compare with the recorded outputs
 (exact for ints/bools/PRNG key data, assert_allclose for floats); for vjp
 cases also ``exp.vjp().call(...)``.  Prints one line per case and a final
-"N passed, N failed" line.  Exits 1 if anything failed.
+"N passed, N failed" line.  ``--reader jaxcolo`` deserializes with
+jaxcolo.export instead.  Exits 1 if anything failed.
 """
 from __future__ import annotations
 
@@ -102,10 +103,13 @@ def place(leaves, case, inputs_info):
   return out
 
 
-def verify_case(vdir, case):
-  ser = open(os.path.join(vdir, case["file"]), "rb").read()
+def verify_case(vdir, case, deserialize=None, data=None):
+  """Deserialize (``deserialize``, default jax.export.deserialize) the case's
+  payload (or ``data`` instead of the file), call it and compare."""
+  ser = data if data is not None else \
+      open(os.path.join(vdir, case["file"]), "rb").read()
   io = np.load(os.path.join(vdir, case["io_file"]))
-  exp = jax.export.deserialize(bytearray(ser))
+  exp = (deserialize or jax.export.deserialize)(bytearray(ser))
   if case.get("nr_devices") is not None and exp.nr_devices != case["nr_devices"]:
     raise AssertionError(f"nr_devices {exp.nr_devices} != {case['nr_devices']}")
   if case.get("platforms") and list(exp.platforms) != list(case["platforms"]):
@@ -151,7 +155,13 @@ def main(argv=None):
   ap.add_argument("--versions", nargs="*")
   ap.add_argument("--cases", nargs="*")
   ap.add_argument("-v", "--verbose", action="store_true")
+  ap.add_argument("--reader", choices=("jax", "jaxcolo"), default="jax",
+                  help="deserialize with jax.export or jaxcolo.export")
   a = ap.parse_args(argv)
+  deserialize = None
+  if a.reader == "jaxcolo":
+    import jaxcolo.export
+    deserialize = jaxcolo.export.deserialize
   print(f"verifying with jax {jax.__version__} (jaxlib "
         f"{getattr(__import__('jaxlib'), '__version__', '?')}), "
         f"{len(jax.devices())} devices")
@@ -180,7 +190,7 @@ def main(argv=None):
           print(f"SKIP {name}: not produced ({case['status']})")
         continue
       try:
-        extra = verify_case(vdir, case)
+        extra = verify_case(vdir, case, deserialize)
         passed += 1
         if name in KNOWN_FAILURES:
           print(f"XPASS {name}{extra} (listed in KNOWN_FAILURES)")

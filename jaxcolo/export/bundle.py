@@ -1,0 +1,111 @@
+"""A jaxcolo-native container: a JAX Exported plus colocated spec payloads,
+under the jaxcolo envelope (versioned, checksummed), root kind
+``export_bundle`` (schema version 2).
+
+    data = jaxcolo.export.bundle(exp, specs={"in": in_specs}, version=None)
+    b = jaxcolo.export.unbundle(data)          # ExportBundle(exported, specs)
+    b = jaxcolo.deserialize(data)              # the same, via the root kind
+
+The Exported is stored in JAX's own format (at ``version``, default what jax
+0.10.2 writes), so it can be extracted and handed to any JAX release that
+reads that version.  The envelope's CRC covers it: unlike a bare JAX payload,
+bit flips inside the StableHLO blob are detected.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jaxcolo_fb as fb
+from jaxcolo_fb import RootKind
+from jaxcolo import envelope, versions
+from jaxcolo.codec import spec_tree
+from jaxcolo.errors import PayloadError
+from jaxcolo.export.decode import deserialize as deserialize_exported
+from jaxcolo.export.detect import serialization_version
+from jaxcolo.export.encode import serialize as serialize_exported
+from jaxcolo.fastbuilder import FastBuilder
+from jaxcolo.wire import Buffer, layout
+
+L = layout(fb, "ExportBundle")
+
+
+class ExportBundle(NamedTuple):
+    exported: Any          # jax.export.Exported
+    specs: Any             # whatever was bundled as specs (None if absent)
+
+
+def bundle(exp, specs=None, *, vjp_order: int = 0, version: int | None = None,
+           spec_version: int | None = None) -> bytes:
+    """Seal ``exp`` (serialized by jaxcolo.export at ``version``) and
+    ``specs`` (anything jaxcolo.serialize accepts, or None) together."""
+    exported = bytes(serialize_exported(exp, vjp_order, version))
+    spec_bytes = spec_tree.encode_spec_tree(specs, spec_version) \
+        if specs is not None else None
+    writer = versions.check_writable(None)
+    min_reader = versions.require("export_bundle", writer)
+    builder = FastBuilder()
+    specs_off = builder.CreateByteVector(spec_bytes) \
+        if spec_bytes is not None else 0
+    exp_off = builder.CreateByteVector(exported)
+    fb.ExportBundleStart(builder)
+    fb.ExportBundleAddExported(builder, exp_off)
+    fb.ExportBundleAddExportedVersion(builder,
+                                      serialization_version(exported))
+    if specs_off:
+        fb.ExportBundleAddSpecs(builder, specs_off)
+    builder.Finish(fb.ExportBundleEnd(builder))
+    return envelope.seal(builder.Output(), RootKind.export_bundle, writer,
+                         min_reader)
+
+
+def open_bundle(data, reader_version=None):
+    """(exported bytes, spec payload bytes or None), envelope checked."""
+    header = envelope.read_header(data)
+    envelope.check_readable(header, reader_version)
+    if header.root_kind != RootKind.export_bundle:
+        raise PayloadError(f"root kind {header.root_kind} is not an export "
+                           "bundle", "$.header.root_kind")
+    buf = Buffer(bytes(data[envelope.HEADER_SIZE:]))
+    root = buf.root("$")
+    exported = root.bytes(L.exported, "$", "exported")
+    if exported is None:
+        raise PayloadError("exported missing", "$.exported")
+    return exported, root.bytes(L.specs, "$", "specs")
+
+
+def unbundle(data, device_resolver=None) -> ExportBundle:
+    """Decode a bundle.  PayloadError (with the inner field path, e.g.
+    ``$.exported.in_tree``) for anything malformed."""
+    exported, specs = open_bundle(data)
+    try:
+        exp = deserialize_exported(exported)
+    except PayloadError as e:
+        raise PayloadError(e.reason, "$.exported" + e.path[1:]) from None
+    spec_obj = None
+    if specs is not None:
+        try:
+            spec_obj = spec_tree.decode_spec_tree(specs, device_resolver)
+        except PayloadError as e:
+            raise PayloadError(e.reason, "$.specs" + e.path[1:]) from None
+    return ExportBundle(exp, spec_obj)
+
+
+def inspect_bundle(data, header) -> dict:
+    from jaxcolo.export.inspection import inspect_jax_export
+    from jaxcolo.inspection import inspect
+    exported, specs = open_bundle(data, header.min_reader_version)
+    out = {"exported": inspect_jax_export(exported)}
+    if specs is not None:
+        out["specs"] = inspect(specs)
+    return out
+
+
+def _register():
+    from jaxcolo.inspection import register_inspector
+    from jaxcolo.payload import register_root
+    register_root(RootKind.export_bundle, unbundle)
+    register_inspector(RootKind.export_bundle, inspect_bundle)
+
+
+_register()

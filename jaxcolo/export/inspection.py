@@ -1,0 +1,105 @@
+"""``jaxcolo inspect`` / ``jaxcolo check`` for JAX export payloads.
+
+A JAX payload is a bare flatbuffer; anything that does not start with
+jaxcolo's magic is tried as one.  The description says which serialization
+versions could have written it and which JAX releases can read it.
+"""
+
+from __future__ import annotations
+
+from jaxcolo.errors import PayloadError
+from jaxcolo.export import versions
+from jaxcolo.export.decode import deserialize
+from jaxcolo.export.detect import reader_verdict, scan, version_range
+
+# Reasons that mean "this process lacks a registration", not "malformed".
+_UNAVAILABLE = ("is not registered here", "unknown effect type")
+
+
+def inspect_jax_export(data) -> dict:
+    """JSON-serialisable description.  PayloadError if malformed."""
+    try:
+        lay = scan(data)
+        lo, hi = version_range(data)
+    except PayloadError as e:
+        raise PayloadError(f"neither a jaxcolo payload (no JXCO magic) nor a "
+                           f"JAX export payload: {e.reason}", e.path) from None
+    readers = {}
+    for row in versions.HISTORY:
+        readers[row.version] = reader_verdict(row.version, lay)
+    out = {
+        "format": "jax_export",
+        "root_kind": "Exported",
+        "size": len(data),
+        "stored_serialization_version": sorted(lay.stored),
+        "serialization_version": lo,
+        "version_range": [lo, hi],
+        "written_by_releases": [r for row in versions.HISTORY
+                                if lo <= row.version <= hi
+                                for r in row.releases],
+        "readable_by_versions": [v for v, (ok, _) in readers.items() if ok],
+        "readable_by_releases": [r for row in versions.HISTORY
+                                 if readers[row.version][0]
+                                 for r in row.releases],
+        "not_readable_by": {v: why for v, (ok, why) in readers.items()
+                            if not ok},
+    }
+    if lay.jax_version is not None:
+        out["jax_version"] = lay.jax_version
+    try:
+        exp = deserialize(data)
+    except PayloadError as e:
+        if not any(s in e.reason for s in _UNAVAILABLE):
+            raise
+        out["content_unavailable"] = str(e)
+        return out
+    out.update({
+        "fun_name": exp.fun_name,
+        "platforms": list(exp.platforms),
+        "nr_devices": exp.nr_devices,
+        "calling_convention_version": exp.calling_convention_version,
+        "in_tree": str(exp.in_tree),
+        "out_tree": str(exp.out_tree),
+        "in_avals": [str(a) for a in exp.in_avals[:256]],
+        "out_avals": [str(a) for a in exp.out_avals[:256]],
+        "in_shardings": [str(s) for s in exp.in_shardings_hlo[:256]],
+        "out_shardings": [str(s) for s in exp.out_shardings_hlo[:256]],
+        "ordered_effects": [str(e) for e in exp.ordered_effects],
+        "unordered_effects": [str(e) for e in exp.unordered_effects],
+        "disabled_safety_checks": [str(c) for c in
+                                   exp.disabled_safety_checks],
+        "module_bytes": len(exp.mlir_module_serialized),
+        "vjp_orders": _vjp_orders(exp),
+    })
+    return out
+
+
+def _vjp_orders(exp) -> int:
+    n = 0
+    while exp.has_vjp():
+        exp = exp.vjp()
+        n += 1
+    return n
+
+
+def check_jax_export(data, reader_version: int) -> tuple[bool, str]:
+    """Can JAX's reader of serialization version ``reader_version`` read
+    ``data`` correctly?  (ok, reason)"""
+    if reader_version not in versions.VERSIONS:
+        return False, (f"unknown JAX serialization version {reader_version}; "
+                       f"known: {list(versions.VERSIONS)}")
+    try:
+        info = inspect_jax_export(data)
+        ok, why = reader_verdict(reader_version, scan(data))
+    except PayloadError as e:
+        return False, f"malformed payload: {e}"
+    releases = ", ".join(versions.info(reader_version).releases) or \
+        "no PyPI release"
+    lo, hi = info["version_range"]
+    written = f"payload version {lo}" + (f"..{hi}" if hi != lo else "")
+    if not ok:
+        return False, (f"not readable by JAX serialization version "
+                       f"{reader_version} ({releases}): {why} ({written})")
+    return True, (f"readable by JAX serialization version {reader_version} "
+                  f"({releases}){'' if why == 'ok' else ': ' + why} "
+                  f"({written})")
