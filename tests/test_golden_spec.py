@@ -61,7 +61,10 @@ def test_golden_payload_reads_back(version, d, name, meta):
     module = load_objects(version)
     stem = name.split(".")[0]
     got = jaxcolo.deserialize(data)
-    if stem in module.objects():
+    if name.endswith(".bin") and stem not in module.objects() and \
+            stem not in module.symbolic_objects():
+        module.check_payload(stem, got)  # another root kind
+    elif stem in module.objects():
         assert got == module.objects()[stem]
     else:
         assert _symbolic_text(got) == _symbolic_text(

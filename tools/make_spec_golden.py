@@ -52,6 +52,14 @@ def main() -> int:
     objs.update(module.symbolic_objects())
     manifest = {"version": args.version, "jaxcolo_schema": jaxcolo.SCHEMA_VERSION,
                 "payloads": {}}
+    # Payloads of other root kinds (programs, bundles, ...), if the version's
+    # objects module describes some.
+    if hasattr(module, "payloads"):
+        for name, data in module.payloads(args.version).items():
+            with open(os.path.join(d, f"{name}.bin"), "wb") as f:
+                f.write(data)
+            manifest["payloads"][f"{name}.bin"] = {
+                "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     for name, obj in objs.items():
         for suffix, compress in ((".bin", True), (".plain.bin", False)):
             data = jaxcolo.serialize(obj, version=args.version,
