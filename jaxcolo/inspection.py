@@ -99,3 +99,11 @@ def _inspect_program(data, header) -> dict:
 
 
 register_inspector(RootKind.program, _inspect_program)
+
+
+def _inspect_message(data, header) -> dict:
+    from jaxcolo.process.messages import inspect_message
+    return inspect_message(data, header)
+
+
+register_inspector(RootKind.message, _inspect_message)

@@ -18,6 +18,7 @@ DECODERS: dict[int, Callable] = {
 # way (codec <- colocated API), never from this module up.
 _LAZY_DECODERS = {
     RootKind.program: ("jaxcolo.colocated.program", "decode_program"),
+    RootKind.message: ("jaxcolo.process.messages", "decode_with_resolver"),
 }
 
 

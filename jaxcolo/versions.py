@@ -41,6 +41,7 @@ HISTORY: tuple[VersionInfo, ...] = (
     VersionInfo(2, 1, (
         "program",            # root kind: a colocated Python program
         "hello",              # root kind: executor connection handshake
+        "message",            # root kind: controller <-> worker messages
     )),
 )
 
