@@ -155,6 +155,10 @@ def test_warm_calls_decode_nothing(executor, monkeypatch):
         raise AssertionError("decoded on a warm call")
     import jaxcolo.colocated.inline as inline_mod
     monkeypatch.setattr(inline_mod, "decode_program", refuse)
+    # The executor's own module (a process executor's controller) too.
+    ex_mod = sys.modules[type(executor).__module__]
+    if hasattr(ex_mod, "decode_program"):
+        monkeypatch.setattr(ex_mod, "decode_program", refuse)
     monkeypatch.setattr(inline_mod, "loads_body", refuse)
     monkeypatch.setattr(jaxcolo.codec.spec_tree, "decode_spec_tree", refuse)
     for _ in range(20):

@@ -354,7 +354,7 @@ class ProcessExecutor(Executor):
         if not isinstance(exc, BaseException):
             exc = ExecutorError(f"{m.error_type}: {m.error_message}")
         if m.error_traceback:
-            exc.add_note(f"Remote traceback from {link.describe}, "
+            exc.add_note(f"Remote traceback from {link.describe}:\n"
                          f"{m.error_traceback}")
         return exc
 

@@ -62,7 +62,7 @@ def error_message(call_id: int, e: BaseException, where: str) -> messages.Messag
     return messages.Message(
         K.error, call_id=call_id,
         error_type=f"{t.__module__}.{t.__qualname__}",
-        error_message=str(e), error_traceback=f"{where}:\n{tb}",
+        error_message=str(e), error_traceback=tb,
         error_pickle=pickled)
 
 
