@@ -127,7 +127,7 @@ class HostLink:
                     self._on_reply(self, m.call_id, m, get)
                 elif kind == K.error:
                     self.refused += 1
-                    log.warning("%s: %s", self.describe, m.error_message)
+                    log.warning("%s", m.error_message)
                 elif kind == K.release:
                     if self.pool is not None:
                         self.pool.release(m.released)
