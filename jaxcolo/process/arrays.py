@@ -41,12 +41,25 @@ except ImportError:  # pragma: no cover - other JAX versions
     _batched_put = None
 
 
+_KINDS: dict = {}   # dtype -> "raw" | "key" | "str"
+
+
+def _dtype_kind(dtype) -> str:
+    kind = _KINDS.get(dtype)
+    if kind is None:
+        kind = ("key" if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+                else "str" if isinstance(dtype, np.dtypes.StringDType)
+                else "raw")
+        _KINDS[dtype] = kind
+    return kind
+
+
 def _is_key(dtype) -> bool:
-    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    return _dtype_kind(dtype) == "key"
 
 
 def _is_str(dtype) -> bool:
-    return isinstance(dtype, np.dtypes.StringDType)
+    return _dtype_kind(dtype) == "str"
 
 
 def _index_key(index) -> tuple:
@@ -82,13 +95,13 @@ def decode_strings(buf, n: int, shape, where: str) -> np.ndarray:
 
 def host_array(data, dtype) -> tuple[np.ndarray | bytes, int]:
     """A single-device array's bytes: (contiguous array or bytes, format)."""
-    if _is_key(dtype):
+    kind = _dtype_kind(dtype)
+    if kind == "raw":
+        return np.ascontiguousarray(np.asarray(data)), BufferFormat.raw
+    if kind == "key":
         return np.ascontiguousarray(np.asarray(jax.random.key_data(data))), \
             BufferFormat.raw
-    a = np.asarray(data)
-    if _is_str(dtype):
-        return encode_strings(a), BufferFormat.strings
-    return np.ascontiguousarray(a), BufferFormat.raw
+    return encode_strings(np.asarray(data)), BufferFormat.strings
 
 
 class Packer:
@@ -114,12 +127,20 @@ class Packer:
         """Add the shards of array ``x`` (leaf number ``leaf``) on
         ``devices`` (a set; None: every addressable shard)."""
         try:
-            shards = x.addressable_shards
+            sharding = x.sharding
             dtype = x.dtype
         except AttributeError:
             raise ValueError(f"leaf {leaf} is {type(x).__name__}, not a "
                              "jax.Array") from None
         s = self.s
+        if type(sharding) is jax.sharding.SingleDeviceSharding:
+            d = sharding._device
+            if devices is None or d in devices:
+                s.leaf.append(leaf)
+                s.device.append(payload_id(d))
+                s.buffer.append(self._buffer(*host_array(x, dtype)))
+            return
+        shards = x.addressable_shards
         if len(shards) == 1:
             sh = shards[0]
             if devices is None or sh.device in devices:

@@ -20,6 +20,7 @@ import os
 import queue
 import secrets
 import threading
+import time
 import weakref
 
 from jaxcolo_fb import BufferWhere, MessageKind as K
@@ -54,6 +55,7 @@ class HostLink:
         self._lost_lock = threading.Lock()
         self._released: queue.SimpleQueue = queue.SimpleQueue()
         self._stats_waiters: dict = {}
+        self.last_seen = time.monotonic()
         try:
             self._setup(use_shm, heartbeat, timeout)
         except BaseException:
@@ -65,6 +67,20 @@ class HostLink:
                          name=f"jaxcolo-host{index}-reader").start()
         threading.Thread(target=self._release_loop, daemon=True,
                          name=f"jaxcolo-host{index}-release").start()
+        threading.Thread(target=self._watch, daemon=True,
+                         name=f"jaxcolo-host{index}-watch").start()
+
+    def _watch(self) -> None:
+        """Lose the worker after ``lost_timeout`` s without a message (it
+        sends heartbeats when idle)."""
+        period = min(1.0, self._lost_timeout / 4)
+        while not self._lost:
+            time.sleep(period)
+            silent = time.monotonic() - self.last_seen
+            if silent > self._lost_timeout and not self._lost:
+                self.lost(f"no message for {silent:.1f}s (heartbeats "
+                          "stopped)")
+                return
 
     def _setup(self, use_shm: bool, heartbeat: float, timeout: float) -> None:
         token = secrets.token_bytes(16)
@@ -119,7 +135,8 @@ class HostLink:
         reason = "connection closed"
         try:
             while True:
-                frame = self.channel.recv(timeout=self._lost_timeout)
+                frame = self.channel.recv()
+                self.last_seen = time.monotonic()
                 m = messages.decode(frame, self.version)
                 kind = m.kind
                 if kind == K.result or (kind == K.error and m.call_id):
