@@ -22,6 +22,7 @@ import argparse
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 
@@ -134,6 +135,9 @@ def run(args) -> int:
     authkey = read_authkey(args.authkey_file)
     local = args.local_devices or max(1, 8 // args.num_hosts)
     my_ids = start_jax(args, local)
+    # jax.distributed installs a SIGTERM (preemption) handler; a worker
+    # asked to stop stops.
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
 
     from jaxcolo.process.messages import Message, encode
     from jaxcolo.process.worker import Session
