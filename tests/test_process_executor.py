@@ -368,3 +368,60 @@ def test_unowned_devices_and_bad_arguments():
         jaxcolo.ProcessExecutor(num_hosts=3)
     with pytest.raises(ValueError, match="needs authkey"):
         jaxcolo.ProcessExecutor(addresses=["127.0.0.1:1"])
+
+
+def test_concurrent_multi_host_calls_from_several_threads(two_hosts):
+    """Calls spanning hosts, from 4 threads at once: every host runs them in
+    the same order, so their collectives line up (no deadlock)."""
+    devs = cpu_devices()
+    mesh = Mesh(np.array(devs), ("x",))
+
+    def total(x):
+        return jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(
+            x.sharding.mesh, P()))(x)
+
+    f = jaxcolo.colocated_python(total).specialize(
+        out_specs_fn=lambda x: jax.ShapeDtypeStruct(
+            (), x.dtype, sharding=NamedSharding(mesh, P())))
+    errors = []
+
+    def run(t):
+        try:
+            for i in range(10):
+                x = jax.device_put(np.full(8, t * 100 + i, np.float32),
+                                   NamedSharding(mesh, P("x")))
+                assert float(f(x)) == 8.0 * (t * 100 + i)
+        except BaseException as e:
+            errors.append(e)
+
+    with jaxcolo.use_executor(two_hosts):
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+    assert errors == []
+
+
+def test_hung_worker_is_lost_after_lost_timeout(tmp_path):
+    with jaxcolo.ProcessExecutor(num_hosts=1, lost_timeout=2.0,
+                                 heartbeat=0.25) as ex:
+        pid = ex.worker_pids()[0]
+        f = jaxcolo.colocated_python(lambda x: x).specialize(
+            out_specs_fn=_identity)
+        with jaxcolo.use_executor(ex):
+            x = put(1, cpu_devices()[0])
+            assert int(f(x)) == 1
+            os.kill(pid, signal.SIGSTOP)  # alive, but silent
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(jaxcolo.ExecutorError,
+                                   match=r"was lost while this call was in "
+                                         r"flight \(no message for 2\.\d+s "
+                                         r"\(heartbeats stopped\)\)"):
+                    f(x)
+                assert 1.5 < time.monotonic() - t0 < 8
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert int(f(x)) == 1  # on the restarted worker
+        assert ex.worker_pids()[0] != pid
