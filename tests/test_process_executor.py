@@ -173,7 +173,7 @@ def test_per_call_timeout(one_host, tmp_path):
                 match=r"^slow: call timed out after 0.3s on host\(s\) \[0\]; "
                       "it may still run there, its result will be dropped$"):
             f(x)
-        assert time.monotonic() - t0 < 1.2
+        assert time.monotonic() - t0 < 1.4  # before the function ends
         assert int(f(x)) == 1  # no timeout outside the block
     assert _ok(one_host) == 42
 
