@@ -21,6 +21,7 @@ _LAZY = {
                               "colocated_cpu_devices"),
     "Executor": ("jaxcolo.colocated.executor", "Executor"),
     "InlineExecutor": ("jaxcolo.colocated.inline", "InlineExecutor"),
+    "ProcessExecutor": ("jaxcolo.process.controller", "ProcessExecutor"),
     "use_executor": ("jaxcolo.colocated.executor", "use_executor"),
     "get_executor": ("jaxcolo.colocated.executor", "get_executor"),
 }
@@ -30,7 +31,7 @@ __all__ = [
     "MIN_READABLE_VERSION", "PayloadError", "VersionError", "EncodeError",
     "ExecutorError", "register_effect", "colocated_python",
     "colocated_python_class", "colocated_cpu_devices", "Executor",
-    "InlineExecutor", "use_executor", "get_executor",
+    "InlineExecutor", "ProcessExecutor", "use_executor", "get_executor",
 ]
 
 

@@ -1,4 +1,4 @@
-"""The ``jaxcolo`` command: inspect, check, demo (and, later, worker)."""
+"""The ``jaxcolo`` command: inspect, check, demo, worker."""
 
 from __future__ import annotations
 
@@ -64,6 +64,11 @@ def cmd_demo(args) -> int:
     return main()
 
 
+def cmd_worker(args) -> int:
+    from jaxcolo.process.runtime import run
+    return run(args)
+
+
 def main(argv=None) -> int:
     _ensure_devices()
     ap = argparse.ArgumentParser(prog="jaxcolo", description=__doc__)
@@ -79,6 +84,11 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("demo", help="serialize a realistic spec tree")
     p.set_defaults(fn=cmd_demo)
+    p = sub.add_parser("worker", help="run a ProcessExecutor worker (one "
+                                      "host) that controllers connect to")
+    from jaxcolo.process.runtime import add_arguments
+    add_arguments(p)
+    p.set_defaults(fn=cmd_worker)
     args = ap.parse_args(argv)
     return args.fn(args)
 

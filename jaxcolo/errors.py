@@ -18,6 +18,9 @@ class PayloadError(ValueError):
         self.path = path
         super().__init__(f"{reason} - at {path}")
 
+    def __reduce__(self):  # pickles (executor errors) as (reason, path)
+        return type(self), (self.reason, self.path), self.__dict__
+
 
 class VersionError(PayloadError):
     """Readable bytes whose version this reader does not support."""
@@ -30,6 +33,9 @@ class EncodeError(ValueError):
         self.reason = reason
         self.path = path
         super().__init__(f"{reason} - at {path}")
+
+    def __reduce__(self):
+        return type(self), (self.reason, self.path), self.__dict__
 
 
 class ExecutorError(RuntimeError):

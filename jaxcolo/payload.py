@@ -22,6 +22,7 @@ LAZY_ROOTS: dict[int, str] = {
     RootKind.program: "jaxcolo.colocated.program",
     RootKind.export_bundle: "jaxcolo.export.bundle",
     RootKind.hello: "jaxcolo.transport.handshake",
+    RootKind.message: "jaxcolo.process.messages",
 }
 ROOT_KIND_NAMES = {v: k for k, v in vars(RootKind).items()
                    if not k.startswith("_") and isinstance(v, int)}

@@ -13,7 +13,7 @@ import dataclasses
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIN_READABLE_VERSION = 1
 
 
@@ -42,6 +42,9 @@ HISTORY: tuple[VersionInfo, ...] = (
         "program",            # root kind 2: a colocated Python program
         "export_bundle",      # root kind 3: JAX Exported + colocated specs
         "hello",              # root kind 4: executor connection handshake
+    )),
+    VersionInfo(3, 1, (
+        "message",            # root kind 5: controller <-> worker messages
     )),
 )
 

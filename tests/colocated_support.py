@@ -18,6 +18,8 @@ from jaxcolo.colocated.program import read_program
 # name -> factory; each factory returns a fresh executor.
 EXECUTORS = {
     "inline": InlineExecutor,
+    "process1": lambda: jaxcolo.ProcessExecutor(num_hosts=1),
+    "process2": lambda: jaxcolo.ProcessExecutor(num_hosts=2),
 }
 
 
@@ -43,3 +45,34 @@ def signatures(fn) -> int:
     """Distinct input signatures ``fn`` has built programs for."""
     return len({read_program(p.payload).in_specs
                 for p in fn.programs()})
+
+
+def on_host(fn, device=None):
+    """Run ``fn()`` where the current executor runs colocated code for
+    ``device`` (default: the first CPU device) and return its result
+    (None -> 0) as numpy: host-side state, under every executor."""
+    d = device or cpu_devices()[0]
+
+    def body():
+        value = fn()
+        return jax.device_put(np.asarray(0 if value is None else value), d)
+
+    f = jaxcolo.colocated_python(body).specialize(devices=[d])
+    return np.asarray(jax.device_get(f()))
+
+
+def set_state(**values):
+    """Set attributes of tests.colocated_state on the host."""
+    from tests import colocated_state
+    on_host(lambda: colocated_state.__dict__.update(values))
+
+
+def pop_state(*names):
+    from tests import colocated_state
+    on_host(lambda: [colocated_state.__dict__.pop(n, None) for n in names]
+            and None)
+
+
+def get_state(name):
+    from tests import colocated_state
+    return on_host(lambda: getattr(colocated_state, name))

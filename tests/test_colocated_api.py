@@ -15,7 +15,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxcolo
 from tests import colocated_state
-from tests.colocated_support import cpu_devices, executor, put, signatures  # noqa: F401
+from tests.colocated_support import (cpu_devices, executor, pop_state,  # noqa: F401
+                                     put, set_state, signatures)
 
 NO_DEVICES = ("No devices found. colocated_python function without input "
               "arguments must be first specialized with devices.")
@@ -105,7 +106,6 @@ def test_out_specs_fn_skips_discovery(executor):
 
 def test_discovery_runs_once_per_signature(executor):
     # The body is pickled by value: host-side state lives in a module.
-    colocated_state.runs = 0
 
     @jaxcolo.colocated_python
     def g(x):
@@ -117,6 +117,7 @@ def test_discovery_runs_once_per_signature(executor):
         return jax.device_put(np.int32(colocated_state.runs), x.sharding)
 
     x = put(3, cpu_devices()[0])
+    set_state(runs=0)
     try:
         assert g.programs() == []
         assert int(g(x)) == 6
@@ -125,7 +126,7 @@ def test_discovery_runs_once_per_signature(executor):
         assert isinstance(outs[0], str) and outs[1]["num_leaves"] == 1
         assert int(g(x)) == 6 and int(runs(x)) == 2
     finally:
-        del colocated_state.runs
+        pop_state("runs")
 
 
 def test_specialize_twice_is_an_error():
@@ -196,8 +197,10 @@ def test_arguments_must_share_a_device_list(executor):
 
 def test_outputs_must_stay_on_the_programs_devices(executor):
     devs = cpu_devices()
-    f = jaxcolo.colocated_python(lambda x: jax.device_put(x, devs[5]))
-    with pytest.raises(ValueError, match=r"output 0 lives on devices \[5\] "
+    # Device 1 is on the host of device 0 under every executor (a function
+    # can only place outputs on devices of the hosts it runs on).
+    f = jaxcolo.colocated_python(lambda x: jax.device_put(x, devs[1]))
+    with pytest.raises(ValueError, match=r"output 0 lives on devices \[1\] "
                                          r"outside the function's devices \[0\]"):
         f(put(1, devs[0]))
     g = jaxcolo.colocated_python(lambda x: x).specialize(

@@ -9,7 +9,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxcolo
 from tests import colocated_state as state
-from tests.colocated_support import cpu_devices, executor, put  # noqa: F401
+from tests.colocated_support import (cpu_devices, executor, get_state,  # noqa: F401
+                                     pop_state, put)
 
 NO_DEVICES = ("No devices found. colocated_python function without input "
               "arguments must be first specialized with devices.")
@@ -33,8 +34,7 @@ def flags():
         return {k: bool(v) for k, v in jax.device_get(read()).items()}
 
     yield check
-    for k in ("initialized", "destroyed", "inits"):
-        state.__dict__.pop(k, None)
+    pop_state("initialized", "destroyed", "inits")
 
 
 def _object_class():
@@ -67,7 +67,7 @@ def test_instance_created_at_first_call_destroyed_with_wrapper(executor,
     x = put(1, cpu_devices()[0])
     assert int(obj.echo(x)) == 1
     assert flags() == {"initialized": True, "destroyed": False}
-    assert int(obj.echo(x)) == 1 and state.inits == 1  # created once
+    assert int(obj.echo(x)) == 1 and get_state("inits") == 1  # created once
     del obj
     assert flags() == {"initialized": True, "destroyed": True}
 

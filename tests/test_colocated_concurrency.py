@@ -9,7 +9,8 @@ import pytest
 
 import jaxcolo
 from tests import colocated_state as state
-from tests.colocated_support import cpu_devices, executor, put  # noqa: F401
+from tests.colocated_support import (cpu_devices, executor, get_state,  # noqa: F401
+                                     pop_state, put, set_state)
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def test_calls_from_one_thread_run_in_program_order(executor, x,
             t.join(30)
         assert errors == []
     finally:
-        state.__dict__.pop("value", None)
+        pop_state("value")
 
 
 def test_submitted_calls_keep_order_under_jitter(executor, x):
@@ -73,16 +74,16 @@ def test_submitted_calls_keep_order_under_jitter(executor, x):
 
     record = record.specialize(out_specs_fn=lambda x, i: i)
     d = cpu_devices()[0]
-    state.order = []
+    set_state(order=[])
     try:
         ids = [put(np.int32(i), d) for i in range(60)]
         futs = [record.submit(x, i) for i in ids]
         last = record(x, put(np.int32(60), d))  # a sync call waits its turn
         assert int(last) == 60
         assert [int(f.result(timeout=30)) for f in futs] == list(range(60))
-        assert state.order == list(range(61))
+        assert get_state("order").tolist() == list(range(61))
     finally:
-        del state.order
+        pop_state("order")
 
 
 def test_threads_run_concurrently(executor, x):
@@ -119,7 +120,7 @@ def test_threads_run_concurrently(executor, x):
                 t.join(30)
             assert errors == [] and results == [1, 1, 1]
     finally:
-        state.__dict__.pop("barrier", None)
+        pop_state("barrier")
 
 
 def _burst(n, fn, *args):
@@ -185,16 +186,16 @@ def test_concurrent_first_calls_discover_once(executor, x):
         return x + 1
 
     discovery_before = [p for p in slow.programs()]
-    state.runs = 0
+    set_state(runs=0)
     try:
         results, errors = _burst(4, slow, x)
         assert errors == [None] * 4 and [int(r) for r in results] == [2] * 4
-        assert state.runs == 4  # every call ran once: 1 discovery + 3 calls
+        assert get_state("runs") == 4  # each call ran once: 1 discovery + 3
         outs = [jaxcolo.inspect(p.payload)["out_specs"] for p in slow.programs()]
         assert discovery_before == [] and len(outs) == 2
         assert sum(isinstance(o, str) for o in outs) == 1  # one discovery program
     finally:
-        del state.runs
+        pop_state("runs")
 
 
 def test_fast_cache_follows_new_sharding_objects(executor):

@@ -155,6 +155,10 @@ def test_warm_calls_decode_nothing(executor, monkeypatch):
         raise AssertionError("decoded on a warm call")
     import jaxcolo.colocated.inline as inline_mod
     monkeypatch.setattr(inline_mod, "decode_program", refuse)
+    # The executor's own module (a process executor's controller) too.
+    ex_mod = sys.modules[type(executor).__module__]
+    if hasattr(ex_mod, "decode_program"):
+        monkeypatch.setattr(ex_mod, "decode_program", refuse)
     monkeypatch.setattr(inline_mod, "loads_body", refuse)
     monkeypatch.setattr(jaxcolo.codec.spec_tree, "decode_spec_tree", refuse)
     for _ in range(20):
@@ -178,17 +182,19 @@ def test_program_version_rules():
         encode_program(**kw, version=1)
     data = encode_program(**kw)
     h = envelope.read_header(data)
-    assert (h.writer_version, h.min_reader_version) == (2, 2)
+    new = jaxcolo.SCHEMA_VERSION
+    assert (h.writer_version, h.min_reader_version) == (new, 2)
     info = jaxcolo.inspect(data)
-    assert info["root_kind"] == "program" and info["readable_by_versions"] == [2]
+    assert info["root_kind"] == "program"
+    assert info["readable_by_versions"] == list(range(2, new + 1))
     from jaxcolo.checking import check_readable
     ok, why = check_readable(data, 1)
     assert not ok and "needs a reader of version >= 2" in why
-    # A v2 spec payload nested in a program written at v2 is fine; a spec
+    # A spec payload nested in a program of the same version is fine; a spec
     # payload newer than the program is refused.
     with pytest.raises(jaxcolo.EncodeError, match="in_specs must be a spec "
                                                   "payload of version <= 2"):
-        encode_program(**{**kw, "in_specs": envelope.HEADER.pack(
+        encode_program(**{**kw, "version": 2, "in_specs": envelope.HEADER.pack(
             envelope.MAGIC, 3, 1, 1, 0, 0, 0) + spec[16:]})
     with pytest.raises(jaxcolo.EncodeError, match="at least one device"):
         encode_program(**{**kw, "device_ids": []})

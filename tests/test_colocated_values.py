@@ -11,7 +11,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jaxcolo
 from jaxcolo.colocated.inline import InlineExecutor
 from tests import colocated_state as state
-from tests.colocated_support import cpu_devices, executor, put  # noqa: F401
+from tests.colocated_support import cpu_devices, executor, pop_state, put  # noqa: F401
 
 STR = np.dtypes.StringDType()
 
@@ -111,7 +111,7 @@ def test_module_state_is_visible_and_module_not_pickled(executor):
     finally:
         state.unpicklable.close()
         del state.unpicklable
-        state.__dict__.pop("value", None)
+        pop_state("value")
 
 
 def test_captured_mesh_and_sharding_work(executor):
@@ -129,9 +129,12 @@ def test_captured_mesh_and_sharding_work(executor):
     np.testing.assert_array_equal(jax.device_get(out), np.arange(4.0))
 
 
-def test_captured_mesh_naming_an_unknown_device_fails_clearly():
+@pytest.mark.parametrize("kind", ["inline", "process"])
+def test_captured_mesh_naming_an_unknown_device_fails_clearly(kind):
     devs = jax.devices()
-    host = InlineExecutor(devices=devs[:4])  # this "host" owns devices 0..3
+    # This executor's host(s) own devices 0..3 only.
+    host = (InlineExecutor(devices=devs[:4]) if kind == "inline" else
+            jaxcolo.ProcessExecutor(num_hosts=1, devices=devs[:4]))
     elsewhere = NamedSharding(Mesh(np.array(devs[4:6]), ("x",)), P())
 
     @jaxcolo.colocated_python

@@ -68,10 +68,50 @@ class Resolver:
 
 
 _DEFAULT: list = []
+_SPACE: list = [None]  # [mapping payload id -> device] when installed
+
+
+def set_device_space(id_to_device=None) -> None:
+    """Name devices by other ids in every payload this process reads or
+    writes (``None``: their own ``Device.id``, the default).
+
+    A worker of a ProcessExecutor installs its device map here, so that
+    every payload it reads or writes -- programs, spec payloads, bodies,
+    nested colocated calls -- speaks its controller's device ids.  Call it
+    before decoding or encoding anything; it clears the codec's memos.
+    """
+    from jaxcolo.codec import memo
+    if id_to_device is None:
+        _SPACE[0] = None
+    else:
+        by_id = dict(id_to_device)
+        by_device = {d: i for i, d in by_id.items()}
+        if len(by_device) != len(by_id):
+            raise ValueError("a device map names one device twice")
+        _SPACE[0] = (by_id, by_device)
+    _DEFAULT.clear()
+    _MESH_CACHE.clear()
+    memo.clear()
+
+
+def payload_id(device) -> int:
+    """The id that names ``device`` in payloads written by this process."""
+    space = _SPACE[0]
+    if space is None:
+        return device.id
+    try:
+        return space[1][device]
+    except KeyError:
+        raise EncodeError(f"device {device} has no id in this process's "
+                          "device map (jaxcolo.codec.mesh.set_device_space)"
+                          ) from None
 
 
 def default_device_map() -> dict:
-    """All devices this process's JAX backends know, by id."""
+    """All devices this process's JAX backends know, by payload id (their
+    own ids unless a device space is installed)."""
+    if _SPACE[0] is not None:
+        return dict(_SPACE[0][0])
     devs = {}
     for d in jax.devices():
         devs[d.id] = d
@@ -144,7 +184,9 @@ def _read_axis_names(t, voff, path):
 
 
 def _mesh_item(mesh, path):
-    return (device_id_array(mesh.device_ids, path + ".device_ids"),
+    ids = mesh.device_ids if _SPACE[0] is None else \
+        [payload_id(d) for d in mesh.devices.flat]
+    return (device_id_array(ids, path + ".device_ids"),
             tuple(int(s) for s in mesh.devices.shape),
             tuple(mesh.axis_names), mesh.axis_types)
 
@@ -287,7 +329,9 @@ def device_id_array(ids, path) -> np.ndarray:
 
 
 def device_ids_of(devices, path="$") -> np.ndarray:
-    return device_id_array([d.id for d in devices], path)
+    if _SPACE[0] is None:
+        return device_id_array([d.id for d in devices], path)
+    return device_id_array([payload_id(d) for d in devices], path)
 
 
 def build_device_list(writer, builder, ids) -> int:
@@ -318,9 +362,10 @@ def intern_device_list(writer, devices, path) -> int:
 
 def intern_device(writer, device, path) -> int:
     writer.require("device_list", path)
-    if not 0 <= device.id <= MAX_DEVICE_ID:
-        raise EncodeError(f"device id {device.id} out of range", path)
-    return writer.intern("devices", device.id, device.id)
+    i = payload_id(device)
+    if not 0 <= i <= MAX_DEVICE_ID:
+        raise EncodeError(f"device id {i} out of range", path)
+    return writer.intern("devices", i, i)
 
 
 register_table("meshes", build_mesh, decode_mesh)

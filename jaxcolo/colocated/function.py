@@ -33,6 +33,7 @@ from jax._src import tree_util as jtu
 from jax._src.lib import xla_client as xc
 
 from jaxcolo.codec import spec_tree
+from jaxcolo.codec.mesh import payload_id
 from jaxcolo.colocated import specs as specs_mod
 from jaxcolo.colocated.body import dumps_body
 from jaxcolo.colocated.cache import SignatureCache, fast_key
@@ -142,7 +143,8 @@ class Specialized:
         t = self.target
         return ProgramRef.of(encode_program(
             name=t.name, kind=t.kind, body=t.body(version), in_specs=in_specs,
-            out_specs=out_specs, device_ids=[d.id for d in self.devices],
+            out_specs=out_specs,
+            device_ids=[payload_id(d) for d in self.devices],
             method_name=t.method_name, instance_id=t.instance_id,
             source_info=t.source_info, version=version))
 

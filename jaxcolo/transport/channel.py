@@ -85,6 +85,46 @@ class Channel:
             except (OSError, ValueError) as e:
                 raise ExecutorError(f"connection lost: {e}") from None
 
+    def send_frames(self, frames) -> None:
+        """Send several frames with nothing in between (a message and the
+        out-of-band buffers that follow it)."""
+        with self._send_lock:
+            try:
+                for frame in frames:
+                    if len(frame) > MAX_FRAME:
+                        raise ExecutorError(f"frame of {len(frame)} bytes "
+                                            f"exceeds {MAX_FRAME}")
+                    self._conn.send_bytes(frame)
+            except (OSError, ValueError) as e:
+                raise ExecutorError(f"connection lost: {e}") from None
+
+    def recv_buffer(self, size: int, chunk: int):
+        """Read ``size`` bytes sent as frames of at most ``chunk`` bytes
+        (one empty frame when ``size`` is 0) into a new bytearray."""
+        out = bytearray(size)
+        view = memoryview(out)
+        pos = 0
+        try:
+            while True:
+                want = min(chunk, size - pos)
+                n = self._conn.recv_bytes_into(view[pos:pos + want])
+                if n != want:
+                    raise ExecutorError(f"out-of-band frame of {n} bytes, "
+                                        f"expected {want}")
+                pos += n
+                if pos >= size:
+                    return out
+        except mpc.BufferTooShort:
+            self.close()
+            raise ExecutorError("out-of-band frame larger than announced") \
+                from None
+        except EOFError:
+            self.close()
+            raise ExecutorError("connection closed by peer") from None
+        except OSError as e:
+            self.close()
+            raise ExecutorError(f"connection lost: {e}") from None
+
     def recv(self, timeout: float | None = None) -> bytes:
         """The next frame; ExecutorError on EOF, timeout or an oversized
         frame (the connection is then closed)."""

@@ -1,0 +1,466 @@
+"""``ProcessExecutor``: colocated programs run in worker processes.
+
+Each worker stands for one *host* owning a block of the controller's
+devices.  ``ProcessExecutor(num_hosts=H)`` starts H workers on this machine
+(``jaxcolo.process.launch``; with H > 1 they form a ``jax.distributed``
+cluster); ``ProcessExecutor(addresses=[...], authkey=...)`` connects to
+running ``jaxcolo worker`` processes instead.
+
+Contract (see ``jaxcolo.colocated.executor`` for the Executor interface):
+
+* A program is registered once per host connection and named by content id
+  afterwards.  A call runs on every host owning one of the program's
+  devices; each gets its own input shards and returns its output shards;
+  the controller assembles jax.Arrays on its own devices with the specs'
+  shardings.  Calls spanning hosts are sent to their hosts in one
+  executor-wide order, which every host follows (so their cross-host
+  collectives line up); other calls of different lanes run concurrently.
+* Errors: the function's exception is re-raised with its own type (the
+  remote traceback in a note).  ``ExecutorError`` when: the executor is
+  closed (in-flight calls fail at ``close``), a call times out
+  (``call_timeout``, or ``with ex.timeout(s):``; the call may still run on
+  its host and its result is dropped), or a worker is lost (EOF, or
+  ``lost_timeout`` seconds without a heartbeat).  A lost call is never
+  retried.  Local workers are then restarted (the whole cluster when there
+  are several hosts); calls wait for the restart; class instances that
+  lived on a restarted host raise ExecutorError rather than silently
+  starting over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import secrets
+import threading
+import time
+from concurrent.futures import Future
+from typing import Hashable, Sequence
+
+import jax
+
+from jaxcolo.colocated import specs as specs_mod
+from jaxcolo.colocated.executor import Executor
+from jaxcolo.colocated.program import decode_program
+from jaxcolo.errors import ExecutorError, PayloadError
+from jaxcolo.process import arrays, launch, messages
+from jaxcolo.process.hosts import HostLink, controller_hello
+from jaxcolo.process.results import Call, Plan
+
+log = logging.getLogger("jaxcolo.executor")
+_LANE_MASK = (1 << 63) - 1
+
+
+class ProcessExecutor(Executor):
+    """Runs colocated programs in worker processes (see module docstring).
+
+    ``num_hosts``: start this many local workers, each owning an equal
+    contiguous block of ``devices`` (default: this process's CPU devices).
+    ``addresses``/``authkey``: connect to running workers instead.
+    ``call_timeout``: default per-call timeout in seconds (None: none).
+    ``lost_timeout``: a worker silent this long is lost.  ``restart``:
+    restart lost local workers.  ``min_version``/``max_version``: the
+    payload versions this controller speaks (default: all it can).
+    """
+
+    def __init__(self, num_hosts: int | None = None, *, addresses=None,
+                 authkey: bytes | None = None, devices=None,
+                 call_timeout: float | None = None, lost_timeout: float = 10.0,
+                 heartbeat: float = 1.0, start_timeout: float = 120.0,
+                 connect_timeout: float = 10.0, restart: bool = True,
+                 min_version: int | None = None,
+                 max_version: int | None = None, shm: bool = True,
+                 worker_args=()):
+        if (num_hosts is None) == (addresses is None):
+            raise ValueError("give either num_hosts (start workers) or "
+                             "addresses (connect to running workers)")
+        if addresses is not None and not authkey:
+            raise ValueError("connecting to running workers needs authkey")
+        self._devices = list(devices if devices is not None
+                             else jax.local_devices(backend="cpu"))
+        self._by_id = {d.id: d for d in self._devices}
+        self._hello = controller_hello(min_version, max_version)
+        self._authkey = authkey or secrets.token_bytes(32)
+        self._opts = dict(timeout=connect_timeout, lost_timeout=lost_timeout,
+                          heartbeat=heartbeat, use_shm=shm)
+        self._start_timeout = start_timeout
+        self._call_timeout = call_timeout
+        self._restart = restart
+        self._worker_args = tuple(worker_args)
+        self._lock = threading.RLock()
+        self._ordered_lock = threading.Lock()
+        self._ready = threading.Event()
+        self._closed = False
+        self._ids = itertools.count(1)
+        self._plans: dict = {}
+        self._pending: dict = {}           # call id -> (Call, host index)
+        self._instances: dict = {}         # instance id -> set of hosts
+        self._lost_instances: dict = {}    # instance id -> reason
+        self._lanes: dict = {}
+        self._local = threading.local()
+        self._deadlines: list = []
+        self._deadline_cv = threading.Condition(self._lock)
+        self._stats = {"calls": 0, "discoveries": 0, "programs_decoded": 0,
+                       "restarts": 0, "lost": 0, "timeouts": 0}
+        self._workers: list = []
+        self._links: list = []
+        if num_hosts is not None:
+            if num_hosts < 1 or len(self._devices) % num_hosts:
+                raise ValueError(f"{len(self._devices)} devices do not split "
+                                 f"into {num_hosts} hosts")
+            n = len(self._devices) // num_hosts
+            self._device_map = [[d.id for d in self._devices[i * n:(i + 1) * n]]
+                                for i in range(num_hosts)]
+            self._addresses = None
+            self._start_local()
+        else:
+            self._device_map = None
+            self._addresses = list(addresses)
+            self._links = [self._connect(i, a) for i, a in
+                           enumerate(self._addresses)]
+            self._check_hosts()
+        self._ready.set()
+        threading.Thread(target=self._deadline_loop, daemon=True,
+                         name="jaxcolo-deadlines").start()
+
+    # ----------------------------------------------------------- start-up
+    def _connect(self, index, address, pid=None) -> HostLink:
+        return HostLink(index, address, self._authkey, self._hello,
+                        on_reply=self._on_reply, on_lost=self._on_lost,
+                        pid=pid, **self._opts)
+
+    def _start_local(self) -> None:
+        workers = launch.start_workers(
+            len(self._device_map), self._device_map, self._authkey,
+            self._start_timeout, self._worker_args)
+        links = []
+        try:
+            for w in workers:
+                links.append(self._connect(w.host_index, w.address, w.pid))
+        except BaseException:
+            for link in links:
+                link.close(shutdown=False)
+            for w in workers:
+                w.kill()
+            raise
+        self._workers, self._links = workers, links
+        self._check_hosts()
+
+    def _check_hosts(self) -> None:
+        owner = {}
+        for link in self._links:
+            if link.peer.host_index != link.index and self._addresses is None:
+                raise ExecutorError(f"worker at {link.address} says it is host "
+                                    f"{link.peer.host_index}, expected "
+                                    f"{link.index}")
+            for i in link.device_ids:
+                if i not in self._by_id:
+                    raise ExecutorError(
+                        f"{link.describe} owns device id {i}, which this "
+                        "controller does not have")
+                if i in owner:
+                    raise ExecutorError(f"device id {i} is owned by hosts "
+                                        f"{owner[i]} and {link.index}")
+                owner[i] = link.index
+        self._owner = owner
+        self._version = min(link.version for link in self._links)
+
+    @property
+    def payload_version(self) -> int:
+        return self._version
+
+    @property
+    def num_hosts(self) -> int:
+        return len(self._links)
+
+    def __repr__(self):
+        return (f"ProcessExecutor({len(self._links)} hosts"
+                f"{', closed' if self._closed else ''})")
+
+    def worker_pids(self) -> list:
+        return [link.pid for link in self._links]
+
+    def addresses(self) -> list:
+        return [link.address for link in self._links]
+
+    # ------------------------------------------------------------ plans
+    def _plan(self, program) -> Plan:
+        owned = {i: d for i, d in self._by_id.items() if i in self._owner}
+        prog = decode_program(program.payload, owned)
+        with self._lock:
+            self._stats["programs_decoded"] += 1
+        plan = Plan(program, prog, self._owner)
+        return self._plans.setdefault(program.id, plan)
+
+    def _lane(self, lane: Hashable) -> int:
+        if type(lane) is int:
+            return (lane & _LANE_MASK) or 1
+        with self._lock:
+            v = self._lanes.get(lane)
+            if v is None:
+                v = self._lanes[lane] = len(self._lanes) + 1
+            return v
+
+    # --------------------------------------------------------- interface
+    def call(self, program, args: Sequence, *, lane: Hashable) -> list:
+        return self._start(program, args, lane, False).wait()
+
+    def submit(self, program, args: Sequence, *, lane: Hashable) -> Future:
+        return self._start(program, args, lane, False).future
+
+    def discover(self, program, args: Sequence, *,
+                 lane: Hashable) -> tuple[list, bytes]:
+        return self._start(program, args, lane, True).wait()
+
+    def destroy_instance(self, instance_id: int, *, lane: Hashable) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            hosts = self._instances.pop(instance_id, ())
+            self._lost_instances.pop(instance_id, None)
+        msg = messages.Message(messages.MessageKind.destroy,
+                               lane=self._lane(lane), instance_id=instance_id)
+        for h in sorted(hosts):
+            link = self._links[h]
+            try:
+                link.send(msg)
+            except ExecutorError:
+                pass  # a lost host has no instances left
+
+    @contextlib.contextmanager
+    def timeout(self, seconds: float | None):
+        """Calls made by this thread inside the block time out after
+        ``seconds`` (None: no timeout)."""
+        previous = getattr(self._local, "timeout", False)
+        self._local.timeout = seconds
+        try:
+            yield self
+        finally:
+            self._local.timeout = previous
+
+    def stats(self, timeout: float = 10.0) -> dict:
+        """Controller counters, plus each host's (``hosts``) and their sums
+        for ``bodies_loaded``, ``instances_created``, ``registered``."""
+        with self._lock:
+            out = dict(self._stats)
+        hosts = []
+        for link in self._links:
+            try:
+                hosts.append(link.request_stats(timeout))
+            except ExecutorError:
+                hosts.append({})
+        out["hosts"] = hosts
+        for k in ("bodies_loaded", "instances_created", "registered",
+                  "refused"):
+            out[k] = sum(h.get(k, 0) for h in hosts)
+        out["refused_by_hosts"] = sum(link.refused for link in self._links)
+        return out
+
+    # ------------------------------------------------------------- calls
+    def _start(self, program, args, lane, discover: bool) -> Call:
+        if self._closed:
+            raise ExecutorError("ProcessExecutor is closed")
+        plan = self._plans.get(program.id) or self._plan(program)
+        plan.check_args(args)
+        if plan.instance_id:
+            self._check_instance(plan)
+        timeout = getattr(self._local, "timeout", False)
+        if timeout is False:
+            timeout = self._call_timeout
+        call = Call(plan, discover, self._remote_error)
+        lane_id = self._lane(lane)
+        with self._lock:
+            self._stats["discoveries" if discover else "calls"] += 1
+        if len(plan.hosts) == 1:
+            self._send(plan.hosts[0], call, args, lane_id, False)
+        else:
+            with self._ordered_lock:
+                for h in plan.hosts:
+                    self._send(h, call, args, lane_id, True)
+        if timeout is not None:
+            self._add_deadline(call, timeout)
+        return call
+
+    def _link(self, h: int) -> HostLink:
+        link = self._links[h]
+        if link.is_lost or not self._ready.is_set():
+            if not self._ready.wait(self._start_timeout):
+                raise ExecutorError(f"host {h} is still restarting")
+            if self._closed:
+                raise ExecutorError("ProcessExecutor is closed")
+            link = self._links[h]
+            if link.is_lost:
+                link = self._reconnect(h)
+        return link
+
+    def _send(self, h: int, call: Call, args, lane_id: int,
+              ordered: bool) -> None:
+        try:
+            link = self._link(h)
+        except ExecutorError as e:
+            call.fail(e)
+            return
+        plan = call.plan
+        call_id = next(self._ids)
+        with self._lock:
+            if self._closed:
+                call.fail(ExecutorError("ProcessExecutor is closed"))
+                return
+            self._pending[call_id] = (call, h, link)
+            call.call_ids.append(call_id)
+            if plan.instance_id:
+                self._instances.setdefault(plan.instance_id, set()).add(h)
+        try:
+            link.ensure_registered(plan.ref)
+            packer = arrays.Packer(link.pool)
+            devices = plan.host_devices[h]
+            for i, x in enumerate(args):
+                packer.add(i, x, devices)
+            link.send(messages.Message(
+                messages.MessageKind.discover if call.discover
+                else messages.MessageKind.call, call_id=call_id,
+                lane=lane_id, program_id=plan.ref.id, shards=packer.finish(),
+                segments=packer.segments, ordered=ordered), packer.frames)
+        except ExecutorError as e:
+            self._fail_pending(call_id, ExecutorError(
+                f"{link.describe}: could not send the call: {e}"))
+        except BaseException as e:
+            self._fail_pending(call_id, e)
+
+    def _fail_pending(self, call_id, error) -> None:
+        with self._lock:
+            entry = self._pending.pop(call_id, None)
+        if entry is not None:
+            entry[0].fail(error)
+
+    def _on_reply(self, link, call_id, m, get) -> None:
+        with self._lock:
+            entry = self._pending.pop(call_id, None)
+        if entry is None:
+            return  # timed out, or failed at close: dropped
+        call, h, _ = entry
+        call.part_done(h, link, m, get)
+
+    def _remote_error(self, link, m) -> BaseException:
+        exc = None
+        if m.error_pickle:
+            try:
+                import cloudpickle
+                exc = cloudpickle.loads(m.error_pickle)
+            except Exception:  # noqa: BLE001 - fall back to type name + text
+                exc = None
+        if not isinstance(exc, BaseException):
+            exc = ExecutorError(f"{m.error_type}: {m.error_message}")
+        if m.error_traceback:
+            exc.add_note(f"Remote traceback from {link.describe}:\n"
+                         f"{m.error_traceback}")
+        return exc
+
+    def _check_instance(self, plan) -> None:
+        reason = self._lost_instances.get(plan.instance_id)
+        if reason is not None:
+            raise ExecutorError(
+                f"{plan.name}: the host instance {plan.instance_id} was lost "
+                f"({reason}); its state is gone, make a new instance")
+
+    # --------------------------------------------------------- deadlines
+    def _add_deadline(self, call: Call, seconds: float) -> None:
+        with self._deadline_cv:
+            heapq.heappush(self._deadlines, (time.monotonic() + seconds,
+                                             id(call), call, seconds))
+            self._deadline_cv.notify()
+
+    def _deadline_loop(self) -> None:
+        with self._deadline_cv:
+            while not self._closed:
+                now = time.monotonic()
+                while self._deadlines and self._deadlines[0][0] <= now:
+                    _, _, call, seconds = heapq.heappop(self._deadlines)
+                    if call.future.done():
+                        continue
+                    self._stats["timeouts"] += 1
+                    for cid in call.call_ids:
+                        self._pending.pop(cid, None)
+                    call.fail(ExecutorError(
+                        f"{call.plan.name}: call timed out after {seconds}s "
+                        f"on host(s) {list(call.plan.hosts)}; it may still "
+                        "run there, its result will be dropped"))
+                wait = self._deadlines[0][0] - now if self._deadlines else None
+                self._deadline_cv.wait(wait)
+
+    # ------------------------------------------------------------ faults
+    def _on_lost(self, link: HostLink, reason: str) -> None:
+        with self._lock:
+            if self._closed or self._links[link.index] is not link:
+                return
+            self._stats["lost"] += 1
+            cluster = self._addresses is None and len(self._links) > 1
+            lost = [x for x in self._links if cluster or x is link]
+            failed = [(cid, e) for cid, e in self._pending.items()
+                      if e[2] in lost]
+            for cid, _ in failed:
+                del self._pending[cid]
+            for iid, hosts in list(self._instances.items()):
+                if any(self._links[h] in lost for h in hosts):
+                    del self._instances[iid]
+                    self._lost_instances[iid] = f"{link.describe} was lost"
+            if self._addresses is None and self._restart:
+                self._ready.clear()
+        log.warning("%s was lost: %s", link.describe, reason)
+        for cid, (call, h, _) in failed:
+            where = "" if self._links[h] is link else \
+                f" (its cluster restarts: call on host {h} interrupted)"
+            call.fail(ExecutorError(
+                f"{link.describe} was lost while this call was in flight "
+                f"({reason}){where}; the call was not retried"))
+        for other in lost:
+            if other is not link:
+                other.close(shutdown=False)
+        if self._addresses is None and self._restart:
+            threading.Thread(target=self._restart_local, daemon=True,
+                             name="jaxcolo-restart").start()
+
+    def _restart_local(self) -> None:
+        for w in self._workers:
+            w.kill()
+        try:
+            if not self._closed:
+                self._start_local()
+                with self._lock:
+                    self._stats["restarts"] += 1
+                log.warning("restarted %d worker(s)", len(self._links))
+        except Exception as e:  # noqa: BLE001 - later calls report it
+            log.error("could not restart the workers: %s", e)
+        finally:
+            self._ready.set()
+
+    def _reconnect(self, h: int) -> HostLink:
+        if self._addresses is None:
+            raise ExecutorError(f"host {h} is lost and was not restarted")
+        with self._lock:
+            link = self._links[h]
+            if not link.is_lost:
+                return link
+            link = self._links[h] = self._connect(h, self._addresses[h])
+        return link
+
+    # ------------------------------------------------------------- close
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending, self._pending = self._pending, {}
+            self._deadline_cv.notify_all()
+        for call, h, link in pending.values():
+            call.fail(ExecutorError(
+                f"ProcessExecutor closed while this call was in flight on "
+                f"{link.describe}"))
+        self._ready.wait(self._start_timeout)
+        for link in self._links:
+            link.close(shutdown=True)
+        for w in self._workers:
+            w.stop()
+        self._ready.set()

@@ -1,0 +1,265 @@
+"""The controller's connection to one worker (one host of a ProcessExecutor).
+
+A :class:`HostLink` is one authenticated channel to one worker process,
+for the life of that connection: connecting does the Hello exchange
+(``jaxcolo.transport``) and a ``setup`` exchange (heartbeat period; a
+shared-memory probe -- if the worker reads a token the controller wrote to
+``/dev/shm``, both use shared memory for large buffers, else out-of-band
+frames).  Its reader thread decodes the worker's messages and completes
+pending calls with them (``on_reply(call_id, message, get_buffer)``).
+
+The link declares the worker lost -- ``on_lost(link, reason)``, once -- at
+EOF, on a malformed reply, or when nothing (not even a heartbeat) arrived
+for ``lost_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import threading
+import time
+import weakref
+
+from jaxcolo_fb import BufferWhere, MessageKind as K
+from jaxcolo import versions
+from jaxcolo.errors import ExecutorError, PayloadError
+from jaxcolo.process import arrays, messages
+from jaxcolo.transport import blobs, channel as ch, handshake
+
+log = logging.getLogger("jaxcolo.executor")
+
+
+class HostLink:
+    def __init__(self, index: int, address: str, authkey: bytes, hello, *,
+                 timeout: float, lost_timeout: float, heartbeat: float,
+                 use_shm: bool, on_reply, on_lost, pid: int | None = None):
+        self.index = index
+        self.address = address
+        self.channel = ch.connect(address, authkey, hello, timeout=timeout,
+                                  need=versions.FEATURE_SINCE["message"])
+        self.version = self.channel.version
+        self.peer = self.channel.peer
+        self.device_ids = tuple(self.peer.device_ids)
+        self.pid = pid
+        self.pool = None
+        self.maps = blobs.SegmentMaps()
+        self.registered: set = set()
+        self.register_lock = threading.Lock()
+        self.refused = 0
+        self._on_reply = on_reply
+        self._on_lost = on_lost
+        self._lost_timeout = lost_timeout
+        self._lost = False
+        self._lost_lock = threading.Lock()
+        self._released: queue.SimpleQueue = queue.SimpleQueue()
+        self._stats_waiters: dict = {}
+        self.last_seen = time.monotonic()
+        try:
+            self._setup(use_shm, heartbeat, timeout)
+        except BaseException:
+            self.channel.close()
+            raise
+        self.describe = (f"host {index} ({address}"
+                         f"{', pid %d' % self.pid if self.pid else ''})")
+        threading.Thread(target=self._read_loop, daemon=True,
+                         name=f"jaxcolo-host{index}-reader").start()
+        threading.Thread(target=self._release_loop, daemon=True,
+                         name=f"jaxcolo-host{index}-release").start()
+        threading.Thread(target=self._watch, daemon=True,
+                         name=f"jaxcolo-host{index}-watch").start()
+
+    def _watch(self) -> None:
+        """Lose the worker after ``lost_timeout`` s without a message (it
+        sends heartbeats when idle)."""
+        period = min(1.0, self._lost_timeout / 4)
+        while not self._lost:
+            time.sleep(period)
+            silent = time.monotonic() - self.last_seen
+            if silent > self._lost_timeout and not self._lost:
+                self.lost(f"no message for {silent:.1f}s (heartbeats "
+                          "stopped)")
+                return
+
+    def _setup(self, use_shm: bool, heartbeat: float, timeout: float) -> None:
+        token = secrets.token_bytes(16)
+        name, cleanup = (blobs.probe_segment(token)
+                         if use_shm and blobs.available() else (None, None))
+        try:
+            self.send(messages.Message(
+                K.setup, heartbeat_ms=max(1, int(heartbeat * 1000)),
+                text=name, token=token if name else None))
+            reply = messages.decode(self.channel.recv(timeout), self.version)
+        finally:
+            if cleanup is not None:
+                cleanup()
+        if reply.kind != K.setup:
+            raise ExecutorError(f"host {self.index} answered setup with "
+                                f"{reply.kind_name}: {reply.error_message}")
+        self.pid = self.pid or reply.pid or None
+        if name and reply.token == token:
+            self.pool = blobs.SegmentPool(f"c{self.index}")
+
+    # ------------------------------------------------------------ sending
+    def send(self, m: messages.Message, frames=()) -> None:
+        data = messages.encode(m, self.version)
+        if frames:
+            self.channel.send_frames([data, *frames])
+        else:
+            self.channel.send(data)
+
+    def ensure_registered(self, program) -> None:
+        if program.id in self.registered:
+            return
+        with self.register_lock:
+            if program.id not in self.registered:
+                self.send(messages.Message(K.register, program_id=program.id,
+                                           program=program.payload))
+                self.registered.add(program.id)
+
+    def request_stats(self, timeout: float) -> dict:
+        ev = threading.Event()
+        key = secrets.randbits(62) or 1
+        box = self._stats_waiters[key] = [ev, None]
+        try:
+            self.send(messages.Message(K.stats, call_id=key))
+            if not ev.wait(timeout):
+                raise ExecutorError(f"{self.describe}: no stats reply")
+            return box[1]
+        finally:
+            self._stats_waiters.pop(key, None)
+
+    # ------------------------------------------------------------ reading
+    def _read_loop(self) -> None:
+        reason = "connection closed"
+        try:
+            while True:
+                frame = self.channel.recv()
+                self.last_seen = time.monotonic()
+                m = messages.decode(frame, self.version)
+                kind = m.kind
+                if kind == K.result or (kind == K.error and m.call_id):
+                    get = self._buffers(m) if m.shards is not None else None
+                    self._on_reply(self, m.call_id, m, get)
+                elif kind == K.error:
+                    self.refused += 1
+                    log.warning("%s", m.error_message)
+                elif kind == K.release:
+                    if self.pool is not None:
+                        self.pool.release(m.released)
+                elif kind == K.stats:
+                    box = self._stats_waiters.get(m.call_id)
+                    if box is not None:
+                        box[1] = m.stats or {}
+                        box[0].set()
+                elif kind != K.ping:
+                    log.warning("%s sent an unexpected %s message",
+                                self.describe, m.kind_name)
+        except ExecutorError as e:
+            reason = str(e)
+        except PayloadError as e:
+            reason = f"malformed message from the worker: {e}"
+        except Exception as e:  # noqa: BLE001 - report, never hang callers
+            log.exception("%s: reader failed", self.describe)
+            reason = f"reader failed: {e!r}"
+        self.lost(reason)
+
+    def _buffers(self, m):
+        s = m.shards
+        frames = {}
+        for j in range(s.num_buffers):
+            if s.where[j] == BufferWhere.frame:
+                frames[j] = self.channel.recv_buffer(s.size[j],
+                                                     arrays.FRAME_CHUNK)
+        for sid, name, size in m.segments:
+            try:
+                self.maps.add(sid, name, size)
+            except OSError as e:
+                raise PayloadError(f"cannot map segment {name}: {e}",
+                                   "$.segments") from None
+        released = self._released
+
+        def get(j):
+            w = s.where[j]
+            if w == BufferWhere.message:
+                return memoryview(s.data)[s.offset[j]:s.offset[j] + s.size[j]]
+            if w == BufferWhere.frame:
+                return frames[j]
+            try:
+                view = self.maps.view(s.segment[j], s.offset[j], s.size[j])
+            except (KeyError, ValueError) as e:
+                raise PayloadError(f"bad shared-memory buffer {j}: {e}",
+                                   f"$.shards.segment[{j}]") from None
+            weakref.finalize(view, released.put, s.lease[j])
+            return view
+        return get
+
+    def _release_loop(self) -> None:
+        while True:
+            lid = self._released.get()
+            if lid is None:
+                return
+            ids = [lid]
+            while True:
+                try:
+                    more = self._released.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    return
+                ids.append(more)
+            if self._lost:
+                return
+            try:
+                self.send(messages.Message(K.release, released=ids))
+            except ExecutorError:
+                return
+
+    # ------------------------------------------------------------- ending
+    @property
+    def is_lost(self) -> bool:
+        return self._lost
+
+    def lost(self, reason: str) -> None:
+        """Declare the worker lost (once): close, clean up, tell the
+        executor."""
+        with self._lost_lock:
+            if self._lost:
+                return
+            self._lost = True
+        self.channel.close()
+        self._released.put(None)
+        if self.pool is not None:
+            self.pool.close()
+        self.maps.unlink_all()  # a killed worker cannot unlink its own
+        for box in list(self._stats_waiters.values()):
+            box[0].set()
+        self._on_lost(self, reason)
+
+    def close(self, shutdown: bool = True) -> None:
+        if shutdown and not self._lost:
+            try:
+                self.send(messages.Message(K.shutdown))
+            except ExecutorError:
+                pass
+        with self._lost_lock:
+            self._lost = True
+        self.channel.close()
+        self._released.put(None)
+        if self.pool is not None:
+            self.pool.close()
+
+
+def controller_hello(min_version=None, max_version=None):
+    return handshake.local_hello("controller", min_version=min_version,
+                                 max_version=max_version)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,121 @@
+"""Lanes and the order of calls spanning hosts, on a worker.
+
+:class:`LaneRunner` runs tasks one lane at a time, in submission order, and
+different lanes concurrently, on a pool of threads that grows when every
+thread is busy (a lane may block, e.g. at a barrier, without stalling
+others) and shrinks when threads stay idle.
+
+:class:`OrderedGate` makes calls that span hosts run one at a time, in the
+order they arrived.  The controller sends such calls to every host they
+span in one executor-wide order, so every host runs them -- and launches
+their cross-host collectives -- in the same order.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+
+log = logging.getLogger("jaxcolo.worker")
+IDLE_SECONDS = 30.0
+
+
+class LaneRunner:
+    def __init__(self, name: str = "jaxcolo-lane"):
+        self._name = name
+        self._lock = threading.Lock()
+        self._lanes: dict = {}          # lane -> deque of tasks
+        self._ready: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = 0
+        self._threads = 0
+        self._closed = False
+
+    def submit(self, lane, task) -> None:
+        """Run ``task()`` after every task submitted earlier on ``lane``."""
+        with self._lock:
+            q = self._lanes.get(lane)
+            if q is not None:           # the lane is running: queue behind
+                q.append(task)
+                return
+            self._lanes[lane] = collections.deque((task,))
+            spawn = self._idle == 0
+            if spawn:
+                self._threads += 1
+            else:
+                self._idle -= 1
+        self._ready.put(lane)
+        if spawn:
+            threading.Thread(target=self._loop, daemon=True,
+                             name=f"{self._name}-{self._threads}").start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                lane = self._ready.get(timeout=IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0 and self._ready.empty():
+                        self._idle -= 1
+                        self._threads -= 1
+                        return
+                continue
+            if lane is None:
+                return
+            self._drain(lane)
+            with self._lock:
+                self._idle += 1
+
+    def _drain(self, lane) -> None:
+        while True:
+            with self._lock:
+                q = self._lanes[lane]
+                if not q:
+                    del self._lanes[lane]
+                    return
+                task = q.popleft()
+            try:
+                task()
+            except BaseException:  # tasks report their own errors
+                log.exception("lane task failed")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            n = self._threads
+        for _ in range(n):
+            self._ready.put(None)
+
+
+class OrderedGate:
+    """Tickets in arrival order; ``enter(t)`` waits for ticket ``t``'s turn,
+    ``leave()`` passes the turn on."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._next_ticket = 0
+        self._turn = 0
+        self._broken = False
+
+    def ticket(self) -> int:
+        with self._cond:
+            t = self._next_ticket
+            self._next_ticket += 1
+            return t
+
+    def enter(self, ticket: int) -> None:
+        with self._cond:
+            while self._turn != ticket and not self._broken:
+                self._cond.wait()
+
+    def leave(self) -> None:
+        with self._cond:
+            self._turn += 1
+            self._cond.notify_all()
+
+    def break_(self) -> None:
+        """Release every waiter (the session is ending)."""
+        with self._cond:
+            self._broken = True
+            self._cond.notify_all()

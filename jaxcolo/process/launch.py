@@ -1,0 +1,143 @@
+"""Starting worker processes on this machine for a ProcessExecutor.
+
+Each worker runs ``python -m jaxcolo.cli worker`` (the ``jaxcolo worker``
+command) with: the shared key on its stdin, a pipe on which it writes its
+address once it listens, this process as the parent it watches (a worker
+exits when its controller process is gone), and ``--exit-with-controller``.
+Its Python path is the controller's, so functions pickled by reference
+(defined in importable modules) load there too.  Its stdout and stderr are
+the controller's.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+
+from jaxcolo.errors import ExecutorError
+from jaxcolo.process.runtime import READY
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalWorker:
+    """One worker process standing for host ``host_index``."""
+
+    def __init__(self, host_index: int, num_hosts: int, device_map: list,
+                 authkey: bytes, coordinator: str | None,
+                 extra_args=(), env=None):
+        self.host_index = host_index
+        self.address = None
+        r, w = os.pipe()
+        cmd = [sys.executable, "-m", "jaxcolo.cli", "worker",
+               "--listen", "127.0.0.1:0", "--authkey-file", "-",
+               "--host-index", str(host_index), "--num-hosts", str(num_hosts),
+               "--local-devices", str(len(device_map[host_index])),
+               "--device-map", ";".join(",".join(map(str, b))
+                                        for b in device_map),
+               "--ready-fd", str(w), "--parent-pid", str(os.getpid()),
+               "--exit-with-controller", *extra_args]
+        if coordinator:
+            cmd += ["--coordinator", coordinator]
+        full_env = dict(os.environ if env is None else env)
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [p for p in sys.path if p] +
+            [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        full_env.setdefault("JAX_PLATFORMS", "cpu")
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
+                                         pass_fds=(w,), env=full_env)
+        finally:
+            os.close(w)
+        self._ready = r
+        self._buf = b""
+        try:
+            self.proc.stdin.write(authkey + b"\n")
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, deadline: float) -> str:
+        """The worker's HOST:PORT once it listens; ExecutorError if it exits
+        or does not get there before ``deadline`` (time.monotonic)."""
+        try:
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ExecutorError(
+                        f"worker for host {self.host_index} (pid {self.pid}) "
+                        "did not start in time")
+                ready, _, _ = select.select([self._ready], [], [], min(left, 0.2))
+                if ready:
+                    chunk = os.read(self._ready, 4096)
+                    if not chunk:
+                        code = self.proc.wait(5)
+                        raise ExecutorError(
+                            f"worker for host {self.host_index} (pid "
+                            f"{self.pid}) exited with code {code} before "
+                            "listening (see its stderr above)")
+                    self._buf += chunk
+        finally:
+            if b"\n" in self._buf or self.proc.poll() is not None:
+                self._close_pipe()
+        line = self._buf.split(b"\n", 1)[0].decode()
+        if not line.startswith(READY + " "):
+            raise ExecutorError(f"worker for host {self.host_index} wrote "
+                                f"{line!r} instead of its address")
+        self.address = line.split(" ", 1)[1]
+        return self.address
+
+    def _close_pipe(self) -> None:
+        if self._ready is not None:
+            os.close(self._ready)
+            self._ready = None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Wait for a clean exit, then kill."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._close_pipe()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+        self._close_pipe()
+
+
+def start_workers(num_hosts: int, device_map: list, authkey: bytes,
+                  timeout: float, extra_args=(), env=None) -> list:
+    """Start every host's worker (a jax.distributed cluster when there are
+    several) and wait until all listen.  Kills them all on failure."""
+    coordinator = f"127.0.0.1:{free_port()}" if num_hosts > 1 else None
+    workers = [LocalWorker(i, num_hosts, device_map, authkey, coordinator,
+                           extra_args, env) for i in range(num_hosts)]
+    deadline = time.monotonic() + timeout
+    try:
+        for w in workers:
+            w.wait_ready(deadline)
+    except BaseException:
+        for w in workers:
+            w.kill()
+        raise
+    return workers

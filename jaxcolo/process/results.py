@@ -1,0 +1,141 @@
+"""The controller's view of a program (:class:`Plan`) and of one call in
+flight (:class:`Call`): which hosts run it, and how their replies become
+the call's result.
+
+A Plan is made once per program content id: the program decoded against
+the executor's own devices (a device no host owns is a PayloadError naming
+the id), the hosts owning its devices, the devices each host gets shards
+for, and the layouts of its outputs.
+
+A Call completes when every host it was sent to replied: an ``error`` reply
+fails it at once (with the re-raised remote exception); otherwise the last
+``result`` assembles the outputs from every host's shards.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+import jax
+from jax._src import tree_util as jtu
+
+from jaxcolo.codec import spec_tree
+from jaxcolo.colocated import specs as specs_mod
+from jaxcolo.errors import PayloadError
+from jaxcolo.process import arrays
+from jaxcolo_fb import MessageKind
+
+
+class Plan:
+    __slots__ = ("ref", "program", "name", "instance_id", "hosts",
+                 "host_devices", "in_leaves", "out_layouts", "checked")
+
+    def __init__(self, ref, program, owner: dict):
+        self.ref = ref
+        self.program = program
+        self.name = program.name
+        self.instance_id = program.instance_id if program.kind == "method" \
+            else 0
+        by_host: dict = {}
+        for d in program.devices:
+            by_host.setdefault(owner[d.id], set()).add(d)
+        self.hosts = tuple(sorted(by_host))
+        self.host_devices = by_host
+        self.in_leaves = tuple(program.in_leaves)
+        self.out_layouts = None
+        if program.has_out_specs:
+            self.out_layouts = [arrays.Layout(s, False) for s in
+                                jtu.tree_leaves(program.out_specs)]
+        self.checked = False
+
+    def check_args(self, args) -> None:
+        if len(args) != len(self.in_leaves):
+            raise ValueError(f"{self.name}: got {len(args)} input arrays, the "
+                             f"program takes {len(self.in_leaves)}")
+        if self.checked:
+            return
+        for i, (x, s) in enumerate(zip(args, self.in_leaves)):
+            if not isinstance(x, jax.Array) or not specs_mod.same_spec(x, s):
+                raise ValueError(f"{self.name}: input {i} does not match the "
+                                 "program's in_specs: "
+                                 + specs_mod.describe_mismatch(x, s))
+        self.checked = True
+
+
+class Call:
+    """One call in flight; ``future`` gets its result."""
+
+    __slots__ = ("plan", "discover", "future", "call_ids", "_parts",
+                 "_remaining", "_lock", "_make_error")
+
+    def __init__(self, plan: Plan, discover: bool, make_error):
+        self.plan = plan
+        self.discover = discover
+        self.future = Future()
+        self.future.set_running_or_notify_cancel()
+        self.call_ids: list = []
+        self._parts: dict = {}
+        self._remaining = len(plan.hosts)
+        self._lock = threading.Lock()
+        self._make_error = make_error
+
+    def wait(self):
+        return self.future.result()
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self.future.done():
+                return
+            self.future.set_exception(error)
+
+    def part_done(self, h: int, link, m, get) -> None:
+        if m.kind == MessageKind.error:
+            self.fail(self._make_error(link, m))
+            return
+        with self._lock:
+            if self.future.done():
+                return
+            self._parts[h] = (m, get)
+            self._remaining -= 1
+            last = self._remaining == 0
+        if not last:
+            return
+        try:
+            result = self._assemble()
+        except BaseException as e:  # noqa: BLE001 - delivered to the caller
+            self.fail(e)
+            return
+        with self._lock:
+            if not self.future.done():
+                self.future.set_result(result)
+
+    def _assemble(self):
+        parts = [self._parts[h] for h in self.plan.hosts]
+        specs = None
+        if self.discover:
+            specs = parts[0][0].specs
+            if specs is None:
+                raise PayloadError("discovery result without specs",
+                                   "$.specs")
+            leaves = jtu.tree_leaves(spec_tree.decode_spec_tree(specs))
+            for i, s in enumerate(leaves):
+                if type(s) is not jax.ShapeDtypeStruct or s.sharding is None:
+                    raise PayloadError(f"discovered spec {i} is not a "
+                                       "ShapeDtypeStruct with a sharding",
+                                       "$.specs")
+            layouts = [arrays.Layout(s, False) for s in leaves]
+        else:
+            layouts = self.plan.out_layouts
+        merged = [dict() for _ in layouts]
+        for m, get in parts:
+            shards = m.shards
+            if shards is None:
+                continue
+            per = arrays.buffers_by_device(shards, len(layouts), get,
+                                           "$.shards")
+            for i, found in enumerate(per):
+                merged[i].update(found)
+        outs = [arrays.assemble(lay, merged[i], i, f"{self.plan.name} output")
+                for i, lay in enumerate(layouts)]
+        return (outs, specs) if self.discover else outs

@@ -1,0 +1,200 @@
+"""A worker process: start-up and the ``jaxcolo worker`` command.
+
+    jaxcolo worker --listen HOST:PORT --authkey-file F [--host-index I
+        --num-hosts N --coordinator HOST:PORT] [--local-devices K]
+
+Start-up order matters: the CPU device count (``XLA_FLAGS``) is set before
+JAX is imported; with ``--num-hosts`` > 1 the process joins a
+``jax.distributed`` cluster (gloo CPU collectives) as process ``I`` of ``N``,
+so every worker sees every host's devices and a call spanning hosts can run
+cross-host collectives.  Then the device map is installed: host ``p`` owns
+controller device ids ``--device-map`` block ``p`` (default: ``p*K ..
+p*K+K-1``), its k-th id naming its k-th local device, and every payload this
+process reads or writes speaks those ids.  Finally it listens (default
+127.0.0.1) and serves one controller session at a time; connections are
+authenticated (HMAC challenge with the key in ``--authkey-file``, ``-`` for
+stdin) before anything they send is decoded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+
+log = logging.getLogger("jaxcolo.worker")
+READY = "JAXCOLO_WORKER_READY"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", default="127.0.0.1:0",
+                   help="HOST:PORT to listen on (default 127.0.0.1:0, "
+                        "port 0: any free port)")
+    p.add_argument("--authkey-file", required=True,
+                   help="file holding the shared key ('-': read stdin)")
+    p.add_argument("--host-index", type=int, default=0)
+    p.add_argument("--num-hosts", type=int, default=1)
+    p.add_argument("--coordinator", default=None,
+                   help="jax.distributed coordinator HOST:PORT (needed "
+                        "when --num-hosts > 1; host 0 runs it)")
+    p.add_argument("--local-devices", type=int, default=None,
+                   help="CPU devices of this host (default 8 / num-hosts)")
+    p.add_argument("--device-map", default=None,
+                   help="controller device ids of every host: "
+                        "'0,1,2,3;4,5,6,7' (default: contiguous blocks)")
+    p.add_argument("--min-version", type=int, default=None)
+    p.add_argument("--max-version", type=int, default=None,
+                   help="newest payload version to speak (tests of skew)")
+    p.add_argument("--ready-fd", type=int, default=None,
+                   help="write 'READY HOST:PORT' to this fd, not stdout")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="exit when this process is no longer the parent")
+    p.add_argument("--exit-with-controller", action="store_true",
+                   help="serve one controller session, then exit")
+    p.add_argument("--init-timeout", type=int, default=60)
+    p.add_argument("--log-level", default="WARNING")
+
+
+def read_authkey(path: str) -> bytes:
+    data = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
+    if data.endswith(b"\n"):
+        data = data[:-1]
+    if not data:
+        raise SystemExit("jaxcolo worker: the authkey is empty")
+    return data
+
+
+def _set_device_count(n: int) -> None:
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                   os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = (
+        flags + f" --xla_force_host_platform_device_count={n}").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def device_blocks(text: str | None, num_hosts: int, local: int) -> list:
+    if text is None:
+        return [list(range(p * local, (p + 1) * local))
+                for p in range(num_hosts)]
+    blocks = [[int(i) for i in part.split(",") if i.strip()]
+              for part in text.split(";")]
+    if len(blocks) != num_hosts or any(len(b) != local for b in blocks):
+        raise SystemExit(f"jaxcolo worker: --device-map needs {num_hosts} "
+                         f"blocks of {local} ids, got {text!r}")
+    return blocks
+
+
+def start_jax(args, local: int):
+    """Import JAX with ``local`` CPU devices (joining the cluster when
+    there are several hosts) and install the device map."""
+    _set_device_count(local)
+    import jax
+    if args.num_hosts > 1:
+        if not args.coordinator:
+            raise SystemExit("jaxcolo worker: --num-hosts > 1 needs "
+                             "--coordinator HOST:PORT")
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator,
+            num_processes=args.num_hosts, process_id=args.host_index,
+            initialization_timeout=args.init_timeout)
+    blocks = device_blocks(args.device_map, args.num_hosts, local)
+    space = {}
+    for p, ids in enumerate(blocks):
+        devs = sorted((d for d in jax.devices() if d.process_index == p),
+                      key=lambda d: d.id)
+        if len(devs) != len(ids):
+            raise SystemExit(f"jaxcolo worker: host {p} has {len(devs)} "
+                             f"devices, the device map gives it {len(ids)}")
+        space.update(zip(ids, devs))
+    from jaxcolo.codec.mesh import set_device_space
+    set_device_space(space)
+    return blocks[args.host_index]
+
+
+def _watch_parent(pid: int) -> None:
+    import time
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != pid:
+            os._exit(3)
+
+
+def run(args) -> int:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.WARNING),
+        format=f"jaxcolo worker h{args.host_index} pid {os.getpid()}: "
+               "%(levelname)s %(message)s")
+    if args.parent_pid:
+        threading.Thread(target=_watch_parent, args=(args.parent_pid,),
+                         daemon=True).start()
+    authkey = read_authkey(args.authkey_file)
+    local = args.local_devices or max(1, 8 // args.num_hosts)
+    my_ids = start_jax(args, local)
+    # jax.distributed installs a SIGTERM (preemption) handler; a worker
+    # asked to stop stops.
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+
+    from jaxcolo.process.messages import Message, encode
+    from jaxcolo.process.worker import Session
+    from jaxcolo import versions
+    from jaxcolo.transport import channel as ch, handshake
+    from jaxcolo_fb import MessageKind
+
+    hello = handshake.local_hello(
+        "worker", min_version=args.min_version, max_version=args.max_version,
+        host_index=args.host_index, device_ids=my_ids)
+    lock = threading.Lock()
+    state = {"session": None}
+    done = threading.Event()
+
+    def ended(session):
+        with lock:
+            if state["session"] is session:
+                state["session"] = None
+        if args.exit_with_controller:
+            done.set()
+
+    def on_channel(channel):
+        with lock:
+            busy = state["session"] is not None
+            if not busy:
+                state["session"] = Session(channel, host_index=args.host_index,
+                                           on_end=ended)
+        if busy:
+            log.warning("refused a second controller: this worker serves "
+                        "one at a time")
+            try:
+                channel.send(encode(Message(
+                    MessageKind.error, error_type="jaxcolo.ExecutorError",
+                    error_message=f"host {args.host_index} already serves a "
+                                  "controller"), channel.version))
+            except Exception:
+                pass
+            channel.close()
+
+    listener = ch.Listener(args.listen, authkey, lambda: hello, on_channel,
+                           need=versions.FEATURE_SINCE["message"])
+    host, port = listener.address
+    line = f"{READY} {host}:{port}\n"
+    if args.ready_fd is not None:
+        with os.fdopen(args.ready_fd, "w") as f:
+            f.write(line)
+    else:
+        sys.stdout.write(f"jaxcolo worker (host {args.host_index} of "
+                         f"{args.num_hosts}, devices {my_ids}) listening on "
+                         f"{host}:{port}\n")
+        sys.stdout.flush()
+    try:
+        while not done.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    listener.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no atexit: a jax.distributed shutdown would wait for peers

@@ -1,0 +1,356 @@
+"""The worker side of a ProcessExecutor: one session per controller.
+
+A :class:`Session` owns an authenticated channel to a controller.  Its
+reader thread decodes each frame (a ``message`` payload); a frame that does
+not decode is refused -- logged, answered with an ``error`` message of
+call id 0, and dropped -- and the session goes on.  Programs arrive once
+(``register``) and calls name them by content id.  A call's input shards are
+turned into jax.Arrays on this host's devices (``jaxcolo.process.arrays``)
+and the call is queued on its lane (``jaxcolo.process.lanes``); it runs in an
+:class:`~jaxcolo.colocated.inline.InlineExecutor` (loading bodies, class
+instances, output checks, discovery), and its outputs -- the shards this host
+holds -- go back in a ``result``, or its exception in an ``error`` (type,
+message, remote traceback, and the exception itself cloudpickled when
+possible, so the caller re-raises the same type).
+
+Device ids: the worker process has installed its device map
+(``jaxcolo.codec.mesh.set_device_space``), so every payload it reads or
+writes speaks the controller's ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import traceback
+import weakref
+
+import cloudpickle
+
+from jaxcolo_fb import BufferWhere, MessageKind as K
+from jaxcolo.colocated.inline import InlineExecutor
+from jaxcolo.colocated.program import ProgramRef, decode_program
+from jaxcolo.errors import ExecutorError, PayloadError
+from jaxcolo.process import arrays, messages
+from jaxcolo.process.lanes import LaneRunner, OrderedGate
+from jaxcolo.transport import blobs
+
+log = logging.getLogger("jaxcolo.worker")
+
+
+class _Program:
+    __slots__ = ("ref", "error", "decoded", "in_layouts")
+
+    def __init__(self, ref):
+        self.ref = ref
+        self.error = None
+        self.decoded = None
+        self.in_layouts = None
+
+
+def error_message(call_id: int, e: BaseException, where: str) -> messages.Message:
+    """An ``error`` message carrying exception ``e``."""
+    t = type(e)
+    tb = "".join(traceback.format_exception(e))
+    try:
+        pickled = cloudpickle.dumps(e)
+    except Exception:  # an unpicklable exception: type name and text only
+        pickled = None
+    return messages.Message(
+        K.error, call_id=call_id,
+        error_type=f"{t.__module__}.{t.__qualname__}",
+        error_message=str(e), error_traceback=tb,
+        error_pickle=pickled)
+
+
+class Session:
+    """Serves one controller over ``channel`` until it ends.
+
+    ``on_end()`` is called once when the session ends (EOF, shutdown, or a
+    lost connection).
+    """
+
+    def __init__(self, channel, *, host_index: int, on_end=None):
+        self.channel = channel
+        self.version = channel.version
+        self.host_index = host_index
+        self.where = f"host {host_index} (pid {os.getpid()})"
+        self._on_end = on_end
+        self._inline = InlineExecutor()
+        self._programs: dict[bytes, _Program] = {}
+        self._lanes = LaneRunner(f"jaxcolo-h{host_index}-lane")
+        self._gate = OrderedGate()
+        self._pool = None                    # our segments, when shm works
+        self._maps = blobs.SegmentMaps()     # the controller's segments
+        self._released: queue.SimpleQueue = queue.SimpleQueue()
+        self._heartbeat = 1.0
+        self._ended = threading.Event()
+        self.stats = {"calls": 0, "discoveries": 0, "registered": 0,
+                      "refused": 0, "errors": 0}
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                        name=f"jaxcolo-h{host_index}-reader")
+        self._reader.start()
+        threading.Thread(target=self._release_loop, daemon=True,
+                         name=f"jaxcolo-h{host_index}-release").start()
+
+    # ------------------------------------------------------------ sending
+    def _send(self, m: messages.Message, frames=()) -> None:
+        data = messages.encode(m, self.version)
+        if frames:
+            self.channel.send_frames([data, *frames])
+        else:
+            self.channel.send(data)
+
+    def _send_quietly(self, m, frames=()) -> None:
+        try:
+            self._send(m, frames)
+        except ExecutorError as e:
+            log.info("%s: cannot reply (%s)", self.where, e)
+            self._end()
+
+    # ------------------------------------------------------------ reading
+    def _read_loop(self) -> None:
+        try:
+            while not self._ended.is_set():
+                frame = self.channel.recv(
+                    timeout=None)
+                try:
+                    m = messages.decode(frame, self.version)
+                except PayloadError as e:
+                    self._refuse(f"malformed message: {e}")
+                    continue
+                try:
+                    if not self._dispatch(m):
+                        break
+                except PayloadError as e:
+                    if m.call_id and m.kind in (K.call, K.discover):
+                        self._send_quietly(error_message(m.call_id, e,
+                                                         self.where))
+                    else:
+                        self._refuse(f"bad {m.kind_name} message: {e}")
+        except ExecutorError as e:
+            log.info("%s: controller connection ended: %s", self.where, e)
+        except Exception:  # never die silently
+            log.exception("%s: session failed", self.where)
+        finally:
+            self._end()
+
+    def _refuse(self, why: str) -> None:
+        self.stats["refused"] += 1
+        log.warning("%s refused a message from the controller: %s",
+                    self.where, why)
+        self._send_quietly(messages.Message(
+            K.error, error_type="jaxcolo.errors.PayloadError",
+            error_message=f"{self.where} refused a message: {why}"))
+
+    def _dispatch(self, m: messages.Message) -> bool:
+        kind = m.kind
+        if kind == K.call or kind == K.discover:
+            self._call(m)
+        elif kind == K.register:
+            self._register(m)
+        elif kind == K.release:
+            if self._pool is not None:
+                self._pool.release(m.released)
+        elif kind == K.destroy:
+            self._lanes.submit(m.lane, lambda iid=m.instance_id, lane=m.lane:
+                               self._inline.destroy_instance(iid, lane=lane))
+        elif kind == K.setup:
+            self._setup(m)
+        elif kind == K.stats:
+            self._send_quietly(messages.Message(
+                K.stats, call_id=m.call_id, stats=self._stats()))
+        elif kind == K.shutdown:
+            log.info("%s: shutdown requested", self.where)
+            return False
+        elif kind == K.ping:
+            pass
+        else:
+            self._refuse(f"unexpected {m.kind_name} message")
+        return True
+
+    def _setup(self, m) -> None:
+        if m.heartbeat_ms:
+            self._heartbeat = m.heartbeat_ms / 1000.0
+            threading.Thread(target=self._heartbeat_loop, daemon=True,
+                             name="jaxcolo-heartbeat").start()
+        token = b""
+        if m.text and m.token:
+            token = blobs.read_probe(m.text, len(m.token))
+            if token == m.token and blobs.available():
+                self._pool = blobs.SegmentPool(f"w{self.host_index}")
+        self._send_quietly(messages.Message(K.setup, token=token,
+                                            pid=os.getpid()))
+
+    def _stats(self) -> dict:
+        out = dict(self.stats)
+        out.update(self._inline.stats())
+        out["calls"] = self.stats["calls"]
+        if self._pool is not None:
+            out.update(self._pool.stats())
+        return out
+
+    def _register(self, m) -> None:
+        if m.program_id is None or m.program is None:
+            raise PayloadError("register needs program_id and program",
+                               "$.program")
+        ref = ProgramRef.of(m.program)
+        if ref.id != m.program_id:
+            raise PayloadError("program id does not match the program's "
+                               "content", "$.program_id")
+        entry = _Program(ref)
+        try:
+            prog = decode_program(ref.payload)
+            entry.decoded = prog
+            entry.in_layouts = [arrays.Layout(s, True)
+                                for s in prog.in_leaves]
+        except PayloadError as e:  # reported to each call of the program
+            entry.error = e
+        self._programs[ref.id] = entry
+        self.stats["registered"] += 1
+
+    # -------------------------------------------------------------- calls
+    def _buffers(self, m):
+        """buffer index -> bytes-like, reading frames that follow ``m``."""
+        s = m.shards
+        frames = {}
+        for j in range(s.num_buffers):  # first: they follow in the stream
+            if s.where[j] == BufferWhere.frame:
+                frames[j] = self.channel.recv_buffer(s.size[j],
+                                                     arrays.FRAME_CHUNK)
+        for sid, name, size in m.segments:
+            try:
+                self._maps.add(sid, name, size)
+            except OSError as e:
+                raise PayloadError(f"cannot map segment {name}: {e}",
+                                   "$.segments") from None
+
+        def get(j):
+            w = s.where[j]
+            if w == BufferWhere.message:
+                return memoryview(s.data)[s.offset[j]:s.offset[j] + s.size[j]]
+            if w == BufferWhere.frame:
+                return frames[j]
+            try:
+                view = self._maps.view(s.segment[j], s.offset[j], s.size[j])
+            except (KeyError, ValueError) as e:
+                raise PayloadError(f"bad shared-memory buffer {j}: {e}",
+                                   f"$.shards.segment[{j}]") from None
+            weakref.finalize(view, self._released.put, s.lease[j])
+            return view
+        return get
+
+    def _call(self, m) -> None:
+        ticket = self._gate.ticket() if m.ordered else None
+        try:
+            get = self._buffers(m) if m.shards is not None else None
+            entry = self._programs.get(m.program_id)
+            if entry is None:
+                raise PayloadError("call of a program that was never "
+                                   "registered", "$.program_id")
+            if entry.error is not None:
+                raise entry.error
+            args = self._inputs(m, entry, get)
+        except BaseException as e:
+            if m.shards is not None:  # buffers this call would have used
+                self._release_unused(m)
+            if ticket is not None:
+                self._lanes.submit(m.lane, lambda: (
+                    self._gate.enter(ticket), self._gate.leave()))
+            self._send_quietly(error_message(m.call_id, e, self.where))
+            return
+        discover = m.kind == K.discover
+        self._lanes.submit(m.lane, lambda: self._run(
+            m.call_id, m.lane, entry, args, discover, ticket))
+
+    def _release_unused(self, m) -> None:
+        s = m.shards
+        for j in range(s.num_buffers):
+            if s.where[j] == BufferWhere.shm:
+                self._released.put(s.lease[j])
+
+    def _inputs(self, m, entry, get) -> list:
+        layouts = entry.in_layouts
+        s = m.shards if m.shards is not None else messages.Shards()
+        per_leaf = arrays.buffers_by_device(s, len(layouts), get, "$.shards")
+        return [arrays.assemble(lay, per_leaf[i], i, "input")
+                for i, lay in enumerate(layouts)]
+
+    def _run(self, call_id, lane, entry, args, discover, ticket) -> None:
+        if ticket is not None:
+            self._gate.enter(ticket)
+        try:
+            if discover:
+                self.stats["discoveries"] += 1
+                outs, specs = self._inline.discover(entry.ref, args, lane=lane)
+            else:
+                self.stats["calls"] += 1
+                outs = self._inline.call(entry.ref, args, lane=lane)
+                specs = None
+            del args
+            packer = arrays.Packer(self._pool)
+            for i, x in enumerate(outs):
+                packer.add(i, x, None)
+            reply = messages.Message(K.result, call_id=call_id,
+                                     shards=packer.finish(), specs=specs,
+                                     segments=packer.segments)
+            frames = packer.frames
+        except BaseException as e:  # the function's (or the outputs') error
+            self.stats["errors"] += 1
+            reply, frames = error_message(call_id, e, self.where), ()
+        finally:
+            if ticket is not None:
+                self._gate.leave()
+        self._send_quietly(reply, frames)
+
+    # --------------------------------------------------------- background
+    def _release_loop(self) -> None:
+        while True:
+            lid = self._released.get()
+            if lid is None:
+                return
+            ids = [lid]
+            while True:
+                try:
+                    more = self._released.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    return
+                ids.append(more)
+            if self._ended.is_set():
+                return
+            self._send_quietly(messages.Message(K.release, released=ids))
+
+    def _heartbeat_loop(self) -> None:
+        ping = messages.Message(K.ping)
+        while not self._ended.wait(self._heartbeat):
+            self._send_quietly(ping)
+
+    def _end(self) -> None:
+        if self._ended.is_set():
+            return
+        self._ended.set()
+        self._gate.break_()
+        self._released.put(None)
+        self._lanes.close()
+        self.channel.close()
+        if self._pool is not None:
+            self._pool.close()
+        try:
+            self._inline.close()
+        except Exception:  # instances' __del__ errors must not stop us
+            log.exception("%s: closing the session's executor", self.where)
+        if self._on_end is not None:
+            self._on_end(self)
+
+    def wait(self, timeout=None) -> bool:
+        return self._ended.wait(timeout)
+
+
+def wait_forever(event: threading.Event) -> None:
+    while not event.wait(3600):
+        time.sleep(0)

@@ -1,0 +1,219 @@
+"""Shared-memory segments for array bytes between processes on one machine.
+
+Each side of a connection sends large buffers in segments it owns
+(:class:`SegmentPool`): files under ``/dev/shm`` that it creates, maps and
+reuses.  A segment is *leased* for one buffer; the receiver maps the segment
+once (:class:`SegmentMaps`, on its first announcement in a message), reads
+the buffer in place -- JAX on CPU may alias the mapping, with no copy -- and
+sends the lease id back when its last view of the buffer is gone, so the
+sender reuses the segment (warm pages: no page faults on the next call).
+
+Files are unlinked as soon as the receiver has mapped them (at the first
+release of a segment), and in any case when the pool closes; a controller
+also unlinks the announced segments of a worker it lost.  Plain files and
+``mmap`` are used rather than ``multiprocessing.shared_memory``: no
+resource_tracker process, and numpy/JAX own the mapping's lifetime (the
+mapping lives while any array over it does, even after the file is gone).
+
+Nothing here is specific to JAX; buffers are numpy uint8 views.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import secrets
+import threading
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+MIN_SEGMENT = 1 << 20
+
+
+def _size_class(n: int) -> int:
+    return max(MIN_SEGMENT, 1 << (max(n, 1) - 1).bit_length())
+
+
+def available() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+def unlink(name: str) -> None:
+    """Remove a segment file (no error if it is already gone)."""
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+        pass
+
+
+class _Segment:
+    __slots__ = ("id", "name", "size", "mm", "view", "linked", "announced")
+
+    def __init__(self, sid: int, name: str, size: int):
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self.mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        self.id = sid
+        self.name = name
+        self.size = size
+        self.view = np.frombuffer(self.mm, np.uint8)
+        self.linked = True
+        self.announced = False
+
+
+class Lease:
+    """One buffer's space in a segment: write into ``view`` (``size``
+    bytes), send ``segment``/``lease`` ids, and ``announce`` (id, name,
+    size) if not None (the segment's first use)."""
+
+    __slots__ = ("id", "segment", "view", "announce")
+
+    def __init__(self, lid, seg, size, announce):
+        self.id = lid
+        self.segment = seg.id
+        self.view = seg.view[:size]
+        self.announce = announce
+
+
+class SegmentPool:
+    """The segments this side writes into (see the module docstring)."""
+
+    def __init__(self, tag: str = "x"):
+        self.prefix = f"jaxcolo-{os.getpid()}-{secrets.token_hex(6)}-{tag}"
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._segments: dict[int, _Segment] = {}
+        self._idle: dict[int, list] = {}      # size class -> idle segments
+        self._leases: dict[int, _Segment] = {}
+        self._closed = False
+
+    def lease(self, size: int) -> Lease:
+        """Space for ``size`` bytes (a new segment if none is idle)."""
+        cls = _size_class(size)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("segment pool is closed")
+            idle = self._idle.get(cls)
+            seg = idle.pop() if idle else None
+            if seg is None:
+                sid = next(self._ids)
+                seg = _Segment(sid, f"{self.prefix}-{sid}", cls)
+                self._segments[sid] = seg
+            lid = next(self._ids)
+            self._leases[lid] = seg
+            announce = None
+            if not seg.announced:
+                seg.announced = True
+                announce = (seg.id, seg.name, seg.size)
+            return Lease(lid, seg, size, announce)
+
+    def release(self, lease_ids) -> int:
+        """Return leases (ids from the peer); unknown ids are ignored.
+        Returns how many were known."""
+        n = 0
+        with self._lock:
+            for lid in lease_ids:
+                seg = self._leases.pop(lid, None)
+                if seg is None:
+                    continue
+                n += 1
+                if seg.linked:  # the peer has mapped it: the name can go
+                    unlink(seg.name)
+                    seg.linked = False
+                self._idle.setdefault(seg.size, []).append(seg)
+        return n
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"segments": len(self._segments),
+                    "segment_bytes": sum(s.size for s in
+                                         self._segments.values()),
+                    "leased": len(self._leases)}
+
+    def close(self) -> None:
+        """Unlink every file (mappings live on while arrays use them)."""
+        with self._lock:
+            self._closed = True
+            for seg in self._segments.values():
+                if seg.linked:
+                    unlink(seg.name)
+                    seg.linked = False
+            self._segments.clear()
+            self._idle.clear()
+            self._leases.clear()
+
+
+class SegmentMaps:
+    """The peer's segments, mapped at their first announcement."""
+
+    def __init__(self):
+        self._maps: dict[int, np.ndarray] = {}
+        self.names: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def add(self, sid: int, name: str, size: int) -> None:
+        """Map an announced segment (OSError if it cannot be opened)."""
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            if os.fstat(fd).st_size < size:
+                raise OSError(f"segment {name} is smaller than announced")
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._maps[sid] = np.frombuffer(mm, np.uint8)
+            self.names[sid] = name
+
+    def view(self, sid: int, offset: int, size: int) -> np.ndarray:
+        """``size`` bytes at ``offset`` of segment ``sid`` (KeyError if it
+        was never announced, ValueError if out of bounds)."""
+        m = self._maps[sid]
+        if offset + size > m.size:
+            raise ValueError(f"{offset}+{size} bytes outside segment {sid} "
+                             f"({m.size} bytes)")
+        return m[offset:offset + size]
+
+    def unlink_all(self) -> None:
+        """Remove the files of every segment seen (the peer is lost)."""
+        with self._lock:
+            for name in self.names.values():
+                unlink(name)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._maps.clear()
+            self.names.clear()
+
+
+def probe_segment(token: bytes) -> tuple[str, object]:
+    """A small segment holding ``token`` for a peer to read back (does it
+    share this machine's /dev/shm?).  Returns (name, cleanup)."""
+    name = f"jaxcolo-probe-{os.getpid()}-{secrets.token_hex(8)}"
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, token)
+    finally:
+        os.close(fd)
+    return name, lambda: unlink(name)
+
+
+def read_probe(name: str, size: int) -> bytes:
+    """What a probe segment holds ('' if it cannot be read here)."""
+    if "/" in name or not name.startswith("jaxcolo-probe-"):
+        return b""
+    try:
+        with open(os.path.join(SHM_DIR, name), "rb") as f:
+            return f.read(size)
+    except OSError:
+        return b""

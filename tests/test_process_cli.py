@@ -1,0 +1,89 @@
+"""``jaxcolo worker`` as its own command, and a ProcessExecutor connecting
+to running workers by address (one host, and a two-host cluster)."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jaxcolo
+from jaxcolo.process.launch import free_port
+from tests.colocated_support import cpu_devices
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _start(keyfile, *args):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxcolo.cli", "worker", "--authkey-file",
+         str(keyfile), *args], stdout=subprocess.PIPE, text=True, env=env)
+    return proc
+
+
+def _address(proc) -> str:
+    line = proc.stdout.readline()
+    assert " listening on 127.0.0.1:" in line, line
+    return line.split()[-1]
+
+
+@pytest.fixture
+def keyfile(tmp_path):
+    path = tmp_path / "key"
+    path.write_bytes(os.urandom(32))
+    return path
+
+
+def test_worker_command_serves_controllers_one_after_another(keyfile):
+    proc = _start(keyfile, "--listen", "127.0.0.1:0")
+    try:
+        addr = _address(proc)
+        f = jaxcolo.colocated_python(lambda x: x * 3).specialize(
+            out_specs_fn=lambda x: x)
+        x = jax.device_put(np.arange(4.0), cpu_devices()[2])
+        for _ in range(2):  # the worker outlives each controller session
+            with jaxcolo.ProcessExecutor(addresses=[addr],
+                                         authkey=keyfile.read_bytes()) as ex:
+                assert ex.worker_pids() == [proc.pid]
+                with jaxcolo.use_executor(ex):
+                    np.testing.assert_array_equal(jax.device_get(f(x)),
+                                                  np.arange(4.0) * 3)
+        with pytest.raises(jaxcolo.ExecutorError,
+                           match="^authentication failed"):
+            jaxcolo.ProcessExecutor(addresses=[addr], authkey=b"wrong")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_two_worker_commands_form_a_cluster(keyfile):
+    coord = f"127.0.0.1:{free_port()}"
+    procs = [_start(keyfile, "--num-hosts", "2", "--host-index", str(i),
+                    "--coordinator", coord) for i in range(2)]
+    try:
+        addrs = [_address(p) for p in procs]
+        devs = cpu_devices()
+        x = jax.device_put(np.arange(8.0), NamedSharding(
+            Mesh(np.array(devs), ("x",)), P("x")))
+
+        @jaxcolo.colocated_python
+        def total(x):
+            return jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(
+                x.sharding.mesh, P()))(x)
+
+        with jaxcolo.ProcessExecutor(addresses=addrs[::-1],  # any order
+                                     authkey=keyfile.read_bytes()) as ex, \
+                jaxcolo.use_executor(ex):
+            assert sorted(ex.worker_pids()) == sorted(p.pid for p in procs)
+            assert float(total(x)) == 28.0
+            assert float(total(x)) == 28.0
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)

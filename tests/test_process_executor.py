@@ -1,0 +1,429 @@
+"""ProcessExecutor specifics: multi-host calls on a jax.distributed cluster,
+the wire, and faults (each with its exact error and a following successful
+call).  The colocated behaviour tests run under it via colocated_support."""
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jaxcolo
+from jaxcolo import versions
+from jaxcolo.process import messages
+from jaxcolo.transport import channel as ch, handshake
+from tests.colocated_support import cpu_devices, put
+
+
+def _identity(x):
+    return x
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    with jaxcolo.ProcessExecutor(num_hosts=2) as ex:
+        yield ex
+
+
+@pytest.fixture(scope="module")
+def one_host():
+    with jaxcolo.ProcessExecutor(num_hosts=1, lost_timeout=5.0) as ex:
+        yield ex
+
+
+def _ok(ex, value=41):
+    """A successful call on ``ex`` (the 'following successful call')."""
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=_identity)
+    with jaxcolo.use_executor(ex):
+        return int(f(put(np.int32(value), cpu_devices()[0])))
+
+
+# ------------------------------------------------------------ multi-host
+
+def test_two_host_cross_host_reduction_matches_single_process(two_hosts):
+    devs = cpu_devices()
+    mesh = Mesh(np.array(devs), ("x",))
+    x = jax.device_put(np.arange(8 * 3, dtype=np.float32).reshape(8, 3) ** 2,
+                       NamedSharding(mesh, P("x")))
+
+    def reduce(x):
+        m = x.sharding.mesh
+        total = jax.jit(jax.shard_map(
+            lambda v: jax.lax.psum(jnp.sum(v, axis=0), "x"), mesh=m,
+            in_specs=P("x"), out_specs=P()))(x)
+        mean = jax.jit(lambda v: jnp.mean(v, axis=0),
+                       out_shardings=NamedSharding(m, P()))(x)
+        # Which process holds each row, and how many processes there are.
+        where = jax.make_array_from_callback(
+            (8,), NamedSharding(m, P("x")),
+            lambda idx: np.full((1,), jax.process_index() * 10 +
+                                jax.process_count(), np.int32))
+        return total, mean, where
+
+    expected_total, expected_mean, _ = reduce(x)  # here: one process
+    with jaxcolo.use_executor(two_hosts):
+        f = jaxcolo.colocated_python(reduce)
+        for _ in range(2):  # discovery, then a warm call
+            total, mean, where = f(x)
+            np.testing.assert_allclose(jax.device_get(total),
+                                       jax.device_get(expected_total))
+            np.testing.assert_allclose(jax.device_get(mean),
+                                       jax.device_get(expected_mean))
+            assert total.sharding == NamedSharding(mesh, P())
+            assert total.sharding.device_set == set(devs)
+            # Rows 0-3 ran in process 0, rows 4-7 in process 1, of 2.
+            assert jax.device_get(where).tolist() == [2] * 4 + [12] * 4
+    prog = jaxcolo.inspect(f.programs()[-1].payload)
+    assert prog["device_ids"] == [d.id for d in devs]
+
+
+def test_single_host_calls_of_a_two_host_executor(two_hosts):
+    devs = cpu_devices()
+
+    @jaxcolo.colocated_python
+    def pid(x):
+        return jax.device_put(np.int32(os.getpid()), x.sharding)
+
+    with jaxcolo.use_executor(two_hosts):
+        p0 = int(pid(put(0, devs[0])))
+        p1 = int(pid(put(0, devs[5])))
+    assert [p0, p1] == two_hosts.worker_pids()
+
+
+# ------------------------------------------------------------------ wire
+
+@pytest.mark.parametrize("shm", [True, False], ids=["shm", "frames"])
+def test_large_arrays_round_trip(shm):
+    devs = cpu_devices()
+    s = NamedSharding(Mesh(np.array(devs[:2]), ("x",)), P("x"))
+    a = np.random.default_rng(0).standard_normal((2, 1 << 19))  # 2 x 4 MiB
+    x = jax.device_put(a.astype(np.float32), s)
+    f = jaxcolo.colocated_python(lambda v: v * 2).specialize(
+        out_specs_fn=_identity)
+    with jaxcolo.ProcessExecutor(num_hosts=1, shm=shm) as ex, \
+            jaxcolo.use_executor(ex):
+        for _ in range(3):
+            out = f(x)
+            assert out.sharding == s
+            np.testing.assert_array_equal(jax.device_get(out),
+                                          a.astype(np.float32) * 2)
+        del out
+        host = ex.stats()["hosts"][0]
+    if shm:  # segments are reused, not one per call
+        assert 0 < host["segments"] <= 4
+    else:
+        assert host.get("segments", 0) == 0
+
+
+def test_messages_are_payloads_without_pickle():
+    m = messages.Message(messages.MessageKind.call, call_id=7, lane=3,
+                         program_id=b"\x01" * 16,
+                         shards=messages.Shards([0], [2], [0], [0], [0], [0],
+                                                [4], [0], [0], b"\0\0\0\x07"))
+    data = messages.encode(m)
+    assert b"\x80\x05" not in data  # no pickle stream
+    info = jaxcolo.inspect(data)
+    assert info["root_kind"] == "message" and info["kind"] == "call"
+    assert info["shards"] == 1 and info["buffers"] == {"message": 1}
+    assert jaxcolo.deserialize(data).call_id == 7
+    with pytest.raises(jaxcolo.PayloadError, match=r"buffer 0 \(0\+4 bytes\) "
+                                                   r"exceeds the 0 data"):
+        bad = messages.Shards([0], [2], [0], [0], [0], [0], [4], [0], [0])
+        messages.decode(messages.encode(messages.Message(
+            messages.MessageKind.call, call_id=1, shards=bad)))
+
+
+# ---------------------------------------------------------------- faults
+
+def test_function_error_keeps_type_and_remote_traceback(one_host):
+    class Boom(KeyError):
+        pass
+
+    def fail(x):
+        raise Boom("from the host")
+
+    with jaxcolo.use_executor(one_host):
+        f = jaxcolo.colocated_python(fail).specialize(out_specs_fn=_identity)
+        with pytest.raises(Boom, match="from the host") as info:
+            f(put(1, cpu_devices()[0]))
+    notes = "\n".join(info.value.__notes__)
+    assert notes.startswith("Remote traceback from host 0 (127.0.0.1:")
+    assert f"pid {one_host.worker_pids()[0]})" in notes
+    assert 'raise Boom("from the host")' in notes
+    assert _ok(one_host) == 42
+
+
+def test_per_call_timeout(one_host, tmp_path):
+    def slow(x):
+        time.sleep(1.5)
+        return x
+
+    f = jaxcolo.colocated_python(slow).specialize(out_specs_fn=_identity)
+    x = put(1, cpu_devices()[0])
+    with jaxcolo.use_executor(one_host):
+        t0 = time.monotonic()
+        with one_host.timeout(0.3), pytest.raises(
+                jaxcolo.ExecutorError,
+                match=r"^slow: call timed out after 0.3s on host\(s\) \[0\]; "
+                      "it may still run there, its result will be dropped$"):
+            f(x)
+        assert time.monotonic() - t0 < 1.4  # before the function ends
+        assert int(f(x)) == 1  # no timeout outside the block
+    assert _ok(one_host) == 42
+
+
+def _kill_mid_call(ex, tmp_path, devices, host):
+    log = tmp_path / "runs"
+
+    def slow(x):
+        with open(log, "a") as f:
+            f.write("run\n")
+        time.sleep(60)
+        return x
+
+    f = jaxcolo.colocated_python(slow).specialize(out_specs_fn=_identity,
+                                                  devices=devices)
+    x = jax.device_put(np.zeros(len(devices), np.float32), NamedSharding(
+        Mesh(np.array(devices), ("x",)), P("x")))
+    old = ex.worker_pids()
+    with jaxcolo.use_executor(ex):
+        fut = f.submit(x)
+        deadline = time.monotonic() + 30
+        while (not log.exists() or
+               log.read_text().count("run") < len(set(
+                   ex._owner[d.id] for d in devices))):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        os.kill(old[host], signal.SIGKILL)
+        with pytest.raises(jaxcolo.ExecutorError) as info:
+            fut.result(timeout=30)
+        elapsed = time.monotonic() - t0
+    return info.value, elapsed, old, log
+
+
+def test_worker_killed_mid_call(one_host, tmp_path):
+    err, elapsed, old, log = _kill_mid_call(one_host, tmp_path,
+                                            cpu_devices()[:1], 0)
+    assert str(err).startswith(f"host 0 (127.0.0.1:")
+    assert f"pid {old[0]}) was lost while this call was in flight " in str(err)
+    assert str(err).endswith("; the call was not retried")
+    assert elapsed < 5.0  # EOF: no need to wait for the heartbeat timeout
+    assert _ok(one_host) == 42  # after the restart
+    assert one_host.worker_pids()[0] != old[0]
+    assert log.read_text() == "run\n"  # ran once, never retried
+    assert one_host.stats()["restarts"] == 1
+
+
+def test_worker_killed_mid_call_two_hosts(tmp_path):
+    with jaxcolo.ProcessExecutor(num_hosts=2) as ex:
+        err, elapsed, old, log = _kill_mid_call(ex, tmp_path, cpu_devices(), 1)
+        assert f"pid {old[1]}) was lost while this call was in flight" in \
+            str(err)
+        assert elapsed < 5.0
+        assert _ok(ex) == 42
+        new = ex.worker_pids()
+        assert new[0] != old[0] and new[1] != old[1]  # the cluster restarted
+        assert log.read_text() == "run\nrun\n"  # once per host, no retry
+
+
+def test_instances_on_a_restarted_host_fail_clearly(tmp_path):
+    @jaxcolo.colocated_python_class
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def bump(self, x):
+            self.n += 1
+            return jax.device_put(np.int32(self.n), x.sharding)
+
+    x = put(0, cpu_devices()[0])
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+        c = Counter()
+        assert int(c.bump(x)) == 1 and int(c.bump(x)) == 2
+        old = ex.worker_pids()[0]
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while ex.worker_pids()[0] == old:  # restarted (no call was lost)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert _ok(ex) == 42
+        with pytest.raises(jaxcolo.ExecutorError,
+                           match=r"^Counter.bump: the host instance \d+ was "
+                                 r"lost \(host 0 .* was lost\); its state is "
+                                 "gone, make a new instance$"):
+            c.bump(x)
+        assert int(Counter().bump(x)) == 1
+
+
+def test_wrong_key_is_refused_and_logged(capfd):
+    # A fresh executor: its worker writes its log to this test's stderr.
+    one_host = jaxcolo.ProcessExecutor(num_hosts=1)
+    addr = one_host.addresses()[0]
+    with pytest.raises(jaxcolo.ExecutorError,
+                       match="^authentication failed: digest sent was "
+                             "rejected$"):
+        ch.connect(addr, b"not the key", handshake.local_hello("controller"),
+                   timeout=5)
+    deadline = time.monotonic() + 10
+    err = ""
+    while "refused connection" not in err and time.monotonic() < deadline:
+        time.sleep(0.05)
+        err += capfd.readouterr().err
+    assert "WARNING refused connection from 127.0.0.1:" in err
+    assert "authentication failed: digest received was wrong" in err
+    assert _ok(one_host) == 42
+    one_host.close()
+
+
+@pytest.mark.parametrize("old_side", ["controller", "worker"])
+def test_version_skew_is_refused_with_both_ranges(old_side, one_host):
+    kwargs = ({"max_version": 1} if old_side == "controller" else
+              {"worker_args": ["--max-version", "1"]})
+    advice = ("upgrade this controller's jaxcolo" if old_side == "controller"
+              else "upgrade the worker's jaxcolo")
+    new, need = jaxcolo.SCHEMA_VERSION, versions.FEATURE_SINCE["message"]
+    ranges = (rf"this controller speaks 1\.\.1 .*, the worker speaks 1\.\.{new} "
+              if old_side == "controller" else
+              rf"this controller speaks 1\.\.{new} .*, the worker speaks 1\.\.1 ")
+    with pytest.raises(jaxcolo.VersionError,
+                       match=r"^no common payload version: " + ranges +
+                             rf".*\(executor calls need version >= {need}\); " +
+                             advice + r" - at \$\.hello$"):
+        jaxcolo.ProcessExecutor(num_hosts=1, start_timeout=60, **kwargs)
+    assert _ok(one_host) == 42
+
+
+def test_malformed_frames_are_refused_and_logged(one_host, caplog):
+    link = one_host._links[0]
+    before = one_host.stats()["refused"]
+    good = messages.encode(messages.Message(messages.MessageKind.ping))
+    corrupt = good[:-1] + bytes([good[-1] ^ 0xFF])
+    wrong_kind = messages.encode(messages.Message(messages.MessageKind.result,
+                                                  call_id=99))
+    with caplog.at_level(logging.WARNING, logger="jaxcolo.executor"):
+        for frame in (b"garbage, not a payload", corrupt, wrong_kind):
+            link.channel.send(frame)
+        assert _ok(one_host) == 42  # the worker lives on, in order
+        deadline = time.monotonic() + 10
+        while len([r for r in caplog.records if "refused" in r.message]) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    texts = [r.getMessage() for r in caplog.records if "refused" in
+             r.getMessage()]
+    pid = one_host.worker_pids()[0]
+    assert texts[0] == (
+        f"host 0 (pid {pid}) refused a message: malformed message: not a "
+        "jaxcolo payload (magic b'garb', expected b'JXCO') - at "
+        "$.header.magic")
+    assert texts[1].endswith("malformed message: checksum mismatch: the "
+                             "payload is corrupt or truncated - at "
+                             "$.header.crc32")
+    assert texts[2].endswith("refused a message: unexpected result message")
+    assert one_host.stats()["refused"] == before + 3
+    assert _ok(one_host, 1) == 2
+
+
+def test_close_with_calls_in_flight(tmp_path):
+    log = tmp_path / "started"
+
+    def slow(x):
+        log.write_text("started")
+        time.sleep(30)
+        return x
+
+    f = jaxcolo.colocated_python(slow).specialize(out_specs_fn=_identity)
+    x = put(1, cpu_devices()[0])
+    ex = jaxcolo.ProcessExecutor(num_hosts=1)
+    with jaxcolo.use_executor(ex):
+        futs = [f.submit(x) for _ in range(3)]
+        deadline = time.monotonic() + 30
+        while not log.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        ex.close()
+        assert time.monotonic() - t0 < 10
+        for fut in futs:
+            with pytest.raises(jaxcolo.ExecutorError,
+                               match=r"^ProcessExecutor closed while this "
+                                     r"call was in flight on host 0 "):
+                fut.result(timeout=5)
+        with pytest.raises(jaxcolo.ExecutorError,
+                           match="^ProcessExecutor is closed$"):
+            f(x)
+    with jaxcolo.ProcessExecutor(num_hosts=1) as again:
+        assert _ok(again) == 42
+
+
+def test_unowned_devices_and_bad_arguments():
+    with pytest.raises(ValueError, match="give either num_hosts"):
+        jaxcolo.ProcessExecutor()
+    with pytest.raises(ValueError, match="8 devices do not split into 3"):
+        jaxcolo.ProcessExecutor(num_hosts=3)
+    with pytest.raises(ValueError, match="needs authkey"):
+        jaxcolo.ProcessExecutor(addresses=["127.0.0.1:1"])
+
+
+def test_concurrent_multi_host_calls_from_several_threads(two_hosts):
+    """Calls spanning hosts, from 4 threads at once: every host runs them in
+    the same order, so their collectives line up (no deadlock)."""
+    devs = cpu_devices()
+    mesh = Mesh(np.array(devs), ("x",))
+
+    def total(x):
+        return jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(
+            x.sharding.mesh, P()))(x)
+
+    f = jaxcolo.colocated_python(total).specialize(
+        out_specs_fn=lambda x: jax.ShapeDtypeStruct(
+            (), x.dtype, sharding=NamedSharding(mesh, P())))
+    errors = []
+
+    def run(t):
+        try:
+            for i in range(10):
+                x = jax.device_put(np.full(8, t * 100 + i, np.float32),
+                                   NamedSharding(mesh, P("x")))
+                assert float(f(x)) == 8.0 * (t * 100 + i)
+        except BaseException as e:
+            errors.append(e)
+
+    with jaxcolo.use_executor(two_hosts):
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+    assert errors == []
+
+
+def test_hung_worker_is_lost_after_lost_timeout(tmp_path):
+    with jaxcolo.ProcessExecutor(num_hosts=1, lost_timeout=2.0,
+                                 heartbeat=0.25) as ex:
+        pid = ex.worker_pids()[0]
+        f = jaxcolo.colocated_python(lambda x: x).specialize(
+            out_specs_fn=_identity)
+        with jaxcolo.use_executor(ex):
+            x = put(1, cpu_devices()[0])
+            assert int(f(x)) == 1
+            os.kill(pid, signal.SIGSTOP)  # alive, but silent
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(jaxcolo.ExecutorError,
+                                   match=r"was lost while this call was in "
+                                         r"flight \(no message for 2\.\d+s "
+                                         r"\(heartbeats stopped\)\)"):
+                    f(x)
+                assert 1.5 < time.monotonic() - t0 < 8
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert int(f(x)) == 1  # on the restarted worker
+        assert ex.worker_pids()[0] != pid

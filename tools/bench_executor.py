@@ -1,0 +1,143 @@
+"""ProcessExecutor round trips vs their floors, measured in one run.
+
+    python tools/bench_executor.py [--rounds 7] [--calls 500] [--json]
+
+* scalar: a colocated identity call on an int32 scalar, through a
+  ProcessExecutor(num_hosts=1) worker, vs a bare multiprocessing Pipe round
+  trip of 200 bytes to an echoing child process (target: <= 3x);
+* 64 MiB: a colocated identity call on a 64 MiB float32 array (to the worker
+  and back) vs a memcpy (np.copyto into a warm buffer) of the same 64 MiB;
+  the ratio is memcpy time / round-trip time, i.e. the round trip's
+  bandwidth as a fraction of memcpy bandwidth, counting the 64 MiB once
+  (target: >= 0.3x).  Counting both directions doubles it.
+
+Rounds interleave the measurements; medians over rounds are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxcolo  # noqa: E402
+
+BIG = 64 << 20
+
+
+def _echo(conn):
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except EOFError:
+            return
+        conn.send_bytes(data)
+
+
+def _identity(x):
+    return x
+
+
+def bench_pipe(conn, n: int) -> float:
+    msg = b"x" * 200
+    t = time.perf_counter()
+    for _ in range(n):
+        conn.send_bytes(msg)
+        conn.recv_bytes()
+    return (time.perf_counter() - t) / n
+
+
+def bench_calls(f, x, n: int) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        out = f(x)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t) / n
+
+
+def bench_memcpy(src, dst, n: int = 3) -> float:
+    best = []
+    for _ in range(n):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best.append(time.perf_counter() - t)
+    return min(best)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--big-calls", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    echo = ctx.Process(target=_echo, args=(child,), daemon=True)
+    echo.start()
+
+    dev = jax.devices()[0]
+    x = jax.device_put(np.int32(7), dev)
+    host_big = np.arange(BIG // 4, dtype=np.float32)
+    big = jax.device_put(host_big, dev)
+    src, dst = np.asarray(big), np.empty_like(host_big)
+    f = jaxcolo.colocated_python(_identity).specialize(out_specs_fn=_identity)
+
+    rows = {"pipe_us": [], "scalar_us": [], "memcpy_ms": [], "big_ms": []}
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+        bench_calls(f, x, 200)           # warm: program sent, body loaded
+        bench_pipe(parent, 200)
+        out = f(big)                      # warm: shared memory mapped
+        assert np.array_equal(np.asarray(out), host_big)
+        del out
+        bench_calls(f, big, 2)
+        for _ in range(args.rounds):
+            rows["pipe_us"].append(bench_pipe(parent, args.calls) * 1e6)
+            rows["scalar_us"].append(bench_calls(f, x, args.calls) * 1e6)
+            rows["memcpy_ms"].append(bench_memcpy(src, dst) * 1e3)
+            rows["big_ms"].append(bench_calls(f, big, args.big_calls) * 1e3)
+        host = ex.stats()["hosts"][0]
+    parent.close()
+    echo.join(5)
+
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    scalar_ratio = med["scalar_us"] / med["pipe_us"]
+    bw_ratio = med["memcpy_ms"] / med["big_ms"]
+    result = {
+        "pipe_round_trip_us": round(med["pipe_us"], 1),
+        "scalar_call_us": round(med["scalar_us"], 1),
+        "scalar_vs_pipe": round(scalar_ratio, 2),
+        "scalar_target": "<= 3x",
+        "memcpy_64MiB_ms": round(med["memcpy_ms"], 2),
+        "memcpy_GBps": round(BIG / med["memcpy_ms"] / 1e6, 2),
+        "round_trip_64MiB_ms": round(med["big_ms"], 2),
+        "round_trip_GBps_one_way_bytes": round(BIG / med["big_ms"] / 1e6, 2),
+        "bandwidth_vs_memcpy": round(bw_ratio, 2),
+        "bandwidth_vs_memcpy_both_directions": round(2 * bw_ratio, 2),
+        "bandwidth_target": ">= 0.3x",
+        "worker_segments": host.get("segments"),
+        "rounds": args.rounds,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for k, v in result.items():
+            print(f"{k:40s} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
