@@ -85,8 +85,8 @@ def _check(op, path: str) -> None:
         raise PayloadError(f"bad last tile dim types {last}", path)
 
 
-def parse(blob: bytes, path: str):
-    """An HloSharding from canonical OpSharding bytes, or PayloadError."""
+def _parse_checked(blob: bytes, path: str):
+    """The OpSharding proto in ``blob``, structurally checked."""
     op = xc.OpSharding()
     try:
         op.ParseFromString(blob)
@@ -98,7 +98,12 @@ def parse(blob: bytes, path: str):
         raise
     except ValueError as e:  # e.g. an enum value outside OpSharding.Type
         raise PayloadError(f"invalid OpSharding: {e}", path) from None
-    clean = _clean(op)
+    return op
+
+
+def parse(blob: bytes, path: str):
+    """An HloSharding from canonical OpSharding bytes, or PayloadError."""
+    clean = _clean(_parse_checked(blob, path))
     if clean.SerializeToString() != blob:
         raise PayloadError("OpSharding has fields jaxcolo does not accept "
                            "(not in canonical form)", path)
@@ -115,17 +120,7 @@ def parse_foreign(blob: bytes, path: str):
     metadata) are dropped instead of rejected: the sharding is rebuilt from
     the checked fields only, so ``from_proto`` never sees unchecked input.
     """
-    op = xc.OpSharding()
-    try:
-        op.ParseFromString(blob)
-    except Exception as e:
-        raise PayloadError(f"invalid OpSharding proto: {e}", path) from None
-    try:
-        _check(op, path)
-    except PayloadError:
-        raise
-    except ValueError as e:
-        raise PayloadError(f"invalid OpSharding: {e}", path) from None
+    op = _parse_checked(blob, path)
     try:
         return xc.HloSharding.from_proto(_clean(op))
     except Exception as e:

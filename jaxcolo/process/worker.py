@@ -309,18 +309,9 @@ class Session:
     # --------------------------------------------------------- background
     def _release_loop(self) -> None:
         while True:
-            lid = self._released.get()
-            if lid is None:
+            ids = blobs.drain_released(self._released)
+            if ids is None:
                 return
-            ids = [lid]
-            while True:
-                try:
-                    more = self._released.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    return
-                ids.append(more)
             if self._ended.is_set():
                 return
             self._send_quietly(messages.Message(K.release, released=ids))

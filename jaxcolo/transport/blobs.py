@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import queue
 import secrets
 import threading
 
@@ -217,3 +218,21 @@ def read_probe(name: str, size: int) -> bytes:
             return f.read(size)
     except OSError:
         return b""
+
+
+def drain_released(released) -> list | None:
+    """Block for the next released lease id, then take every one already
+    queued: the batch to announce in one release message.  None once the
+    queue's ``None`` sentinel (shut down) is seen."""
+    lid = released.get()
+    if lid is None:
+        return None
+    ids = [lid]
+    while True:
+        try:
+            more = released.get_nowait()
+        except queue.Empty:
+            return ids
+        if more is None:
+            return None
+        ids.append(more)
