@@ -154,7 +154,7 @@ def test_function_error_keeps_type_and_remote_traceback(one_host):
         with pytest.raises(Boom, match="from the host") as info:
             f(put(1, cpu_devices()[0]))
     notes = "\n".join(info.value.__notes__)
-    assert notes.startswith("Remote traceback from host 0 (127.0.0.1:")
+    assert notes.startswith("Remote traceback from host 0 (unix:")
     assert f"pid {one_host.worker_pids()[0]})" in notes
     assert 'raise Boom("from the host")' in notes
     assert _ok(one_host) == 42
@@ -212,7 +212,7 @@ def _kill_mid_call(ex, tmp_path, devices, host):
 def test_worker_killed_mid_call(one_host, tmp_path):
     err, elapsed, old, log = _kill_mid_call(one_host, tmp_path,
                                             cpu_devices()[:1], 0)
-    assert str(err).startswith(f"host 0 (127.0.0.1:")
+    assert str(err).startswith("host 0 (unix:")
     assert f"pid {old[0]}) was lost while this call was in flight " in str(err)
     assert str(err).endswith("; the call was not retried")
     assert elapsed < 5.0  # EOF: no need to wait for the heartbeat timeout
@@ -263,9 +263,10 @@ def test_instances_on_a_restarted_host_fail_clearly(tmp_path):
         assert int(Counter().bump(x)) == 1
 
 
-def test_wrong_key_is_refused_and_logged(capfd):
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_wrong_key_is_refused_and_logged(capfd, transport):
     # A fresh executor: its worker writes its log to this test's stderr.
-    one_host = jaxcolo.ProcessExecutor(num_hosts=1)
+    one_host = jaxcolo.ProcessExecutor(num_hosts=1, local_transport=transport)
     addr = one_host.addresses()[0]
     with pytest.raises(jaxcolo.ExecutorError,
                        match="^authentication failed: digest sent was "
@@ -277,7 +278,9 @@ def test_wrong_key_is_refused_and_logged(capfd):
     while "refused connection" not in err and time.monotonic() < deadline:
         time.sleep(0.05)
         err += capfd.readouterr().err
-    assert "WARNING refused connection from 127.0.0.1:" in err
+    assert addr.startswith("unix:/" if transport == "unix" else "127.0.0.1:")
+    assert ("WARNING refused connection from "
+            + ("unix:/" if transport == "unix" else "127.0.0.1:")) in err
     assert "authentication failed: digest received was wrong" in err
     assert _ok(one_host) == 42
     one_host.close()

@@ -21,7 +21,7 @@ from jaxcolo.transport import handshake as hs
 KEY = b"test-key-123"
 
 
-def _echo_listener(hello=None, need=1, timeout=5.0):
+def _echo_listener(hello=None, need=1, timeout=5.0, address="127.0.0.1:0"):
     got = queue.Queue()
 
     def on_channel(c):
@@ -36,7 +36,7 @@ def _echo_listener(hello=None, need=1, timeout=5.0):
         threading.Thread(target=loop, daemon=True).start()
     hello_fn = hello or (lambda: hs.local_hello("worker", host_index=1,
                                                 device_ids=[2, 3]))
-    return ch.Listener("127.0.0.1:0", KEY, hello_fn, on_channel,
+    return ch.Listener(address, KEY, hello_fn, on_channel,
                        timeout=timeout, need=need), got
 
 
@@ -86,6 +86,38 @@ def test_authenticated_echo_with_agreed_version():
         c.close()
     finally:
         lis.close()
+
+
+def test_unix_socket_channel_authenticates_and_echoes(tmp_path, caplog):
+    path = str(tmp_path / "w.sock")
+    lis, got = _echo_listener(address="unix:" + path)
+    try:
+        assert lis.address_text == "unix:" + path
+        with caplog.at_level(logging.WARNING, logger="jaxcolo.transport"):
+            with pytest.raises(ExecutorError, match="authentication failed"):
+                ch.connect(lis.address_text, b"wrong",
+                           hs.local_hello("controller"))
+            deadline = time.time() + 20
+            while not lis.refused and time.time() < deadline:
+                time.sleep(0.02)
+        assert f"refused connection from unix:{path}" in caplog.text
+        c = ch.connect(lis.address_text, KEY, hs.local_hello("controller"))
+        assert c.peer.device_ids == (2, 3)
+        for n in (0, 7, 3 << 20):
+            frame = os.urandom(n)
+            c.send(frame)
+            assert c.readable(10.0, spin=0.001)
+            assert c.recv(timeout=10) == frame
+        assert not c.readable(0.01, spin=0.001)  # nothing waiting: False
+        c.close()
+    finally:
+        lis.close()
+    assert not os.path.exists(path)  # the listener removed its socket
+    with pytest.raises(ExecutorError, match="cannot connect to unix:"):
+        ch.connect("unix:" + path, KEY, hs.local_hello("controller"),
+                   timeout=2)
+    with pytest.raises(ValueError, match="no socket path"):
+        ch.parse_address("unix:")
 
 
 def test_wrong_key_refused_logged_and_listener_keeps_serving(caplog):

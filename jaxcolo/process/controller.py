@@ -34,6 +34,8 @@ import heapq
 import itertools
 import logging
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -63,6 +65,9 @@ class ProcessExecutor(Executor):
     ``lost_timeout``: a worker silent this long is lost.  ``restart``:
     restart lost local workers.  ``min_version``/``max_version``: the
     payload versions this controller speaks (default: all it can).
+    ``local_transport``: how started workers are reached, ``"unix"``
+    (Unix-domain sockets in a private directory; the default, cheapest per
+    message) or ``"tcp"`` (loopback).
     """
 
     def __init__(self, num_hosts: int | None = None, *, addresses=None,
@@ -72,7 +77,7 @@ class ProcessExecutor(Executor):
                  connect_timeout: float = 10.0, restart: bool = True,
                  min_version: int | None = None,
                  max_version: int | None = None, shm: bool = True,
-                 worker_args=()):
+                 local_transport: str = "unix", worker_args=()):
         if (num_hosts is None) == (addresses is None):
             raise ValueError("give either num_hosts (start workers) or "
                              "addresses (connect to running workers)")
@@ -89,6 +94,11 @@ class ProcessExecutor(Executor):
         self._call_timeout = call_timeout
         self._restart = restart
         self._worker_args = tuple(worker_args)
+        if local_transport not in ("unix", "tcp"):
+            raise ValueError("local_transport is 'unix' or 'tcp'")
+        self._socket_dir = None
+        if num_hosts is not None and local_transport == "unix":
+            self._socket_dir = tempfile.mkdtemp(prefix="jaxcolo-")
         self._lock = threading.RLock()
         self._ordered_lock = threading.Lock()
         self._ready = threading.Event()
@@ -134,7 +144,8 @@ class ProcessExecutor(Executor):
     def _start_local(self) -> None:
         workers = launch.start_workers(
             len(self._device_map), self._device_map, self._authkey,
-            self._start_timeout, self._worker_args)
+            self._start_timeout, self._worker_args,
+            socket_dir=self._socket_dir)
         links = []
         try:
             for w in workers:
@@ -205,14 +216,25 @@ class ProcessExecutor(Executor):
 
     # --------------------------------------------------------- interface
     def call(self, program, args: Sequence, *, lane: Hashable) -> list:
-        return self._start(program, args, lane, False).wait()
+        return self._wait(self._start(program, args, lane, False))
 
     def submit(self, program, args: Sequence, *, lane: Hashable) -> Future:
-        return self._start(program, args, lane, False).future
+        call = self._start(program, args, lane, False)
+        for _, link in call.links:
+            link.kick()  # nobody waits: the links' background readers read
+        return call.future
 
     def discover(self, program, args: Sequence, *,
                  lane: Hashable) -> tuple[list, bytes]:
-        return self._start(program, args, lane, True).wait()
+        return self._wait(self._start(program, args, lane, True))
+
+    @staticmethod
+    def _wait(call: Call):
+        """The call's result, read by this thread from each host's link
+        (no hand-off) unless another thread is already reading it."""
+        for h, link in call.links:
+            link.wait_for(lambda h=h: call.future.done() or call.has_part(h))
+        return call.wait()
 
     def destroy_instance(self, instance_id: int, *, lane: Hashable) -> None:
         with self._lock:
@@ -310,6 +332,7 @@ class ProcessExecutor(Executor):
                 return
             self._pending[call_id] = (call, h, link)
             call.call_ids.append(call_id)
+            call.links.append((h, link))
             if plan.instance_id:
                 self._instances.setdefault(plan.instance_id, set()).add(h)
         try:
@@ -318,6 +341,7 @@ class ProcessExecutor(Executor):
             devices = plan.host_devices[h]
             for i, x in enumerate(args):
                 packer.add(i, x, devices)
+            link.expect_reply()
             link.send(messages.Message(
                 messages.MessageKind.discover if call.discover
                 else messages.MessageKind.call, call_id=call_id,
@@ -463,4 +487,6 @@ class ProcessExecutor(Executor):
             link.close(shutdown=True)
         for w in self._workers:
             w.stop()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
         self._ready.set()

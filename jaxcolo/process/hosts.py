@@ -5,8 +5,12 @@ for the life of that connection: connecting does the Hello exchange
 (``jaxcolo.transport``) and a ``setup`` exchange (heartbeat period; a
 shared-memory probe -- if the worker reads a token the controller wrote to
 ``/dev/shm``, both use shared memory for large buffers, else out-of-band
-frames).  Its reader thread decodes the worker's messages and completes
-pending calls with them (``on_reply(call_id, message, get_buffer)``).
+frames).  The worker's messages are decoded and complete pending calls
+(``on_reply(call_id, message, get_buffer)``) in whichever thread holds the
+link's *reading role*: a caller waiting for its own reply
+(:meth:`HostLink.wait_for`) reads the channel itself, so a synchronous call
+costs no thread hand-off; the link's background reader takes the role only
+when no caller is waiting (replies of submitted calls, heartbeats, EOF).
 
 The link declares the worker lost -- ``on_lost(link, reason)``, once -- at
 EOF, on a malformed reply, or when nothing (not even a heartbeat) arrived
@@ -30,6 +34,9 @@ from jaxcolo.process import arrays, messages
 from jaxcolo.transport import blobs, channel as ch, handshake
 
 log = logging.getLogger("jaxcolo.executor")
+READ_POLL = 0.05    # seconds between checks of a reader's stop condition
+SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
+IDLE_READ = 0.2     # the background reader reads after this long unread
 
 
 class HostLink:
@@ -57,6 +64,12 @@ class HostLink:
         self._released: queue.SimpleQueue = queue.SimpleQueue()
         self._stats_waiters: dict = {}
         self.last_seen = time.monotonic()
+        self._role = threading.Condition()   # guards the reading role
+        self._reading = False                # some thread holds the role
+        self._reader_waits = False           # ... and it is a waiter
+        self._waiters = 0                    # threads in wait_for
+        self._kick = threading.Event()       # wake the background reader
+        self._expected = 0                   # replies to calls sent
         try:
             self._setup(use_shm, heartbeat, timeout)
         except BaseException:
@@ -64,7 +77,7 @@ class HostLink:
             raise
         self.describe = (f"host {index} ({address}"
                          f"{', pid %d' % self.pid if self.pid else ''})")
-        threading.Thread(target=self._read_loop, daemon=True,
+        threading.Thread(target=self._background_read, daemon=True,
                          name=f"jaxcolo-host{index}-reader").start()
         threading.Thread(target=self._release_loop, daemon=True,
                          name=f"jaxcolo-host{index}-release").start()
@@ -125,6 +138,7 @@ class HostLink:
         box = self._stats_waiters[key] = [ev, None]
         try:
             self.send(messages.Message(K.stats, call_id=key))
+            self.kick()
             if not ev.wait(timeout):
                 raise ExecutorError(f"{self.describe}: no stats reply")
             return box[1]
@@ -132,31 +146,72 @@ class HostLink:
             self._stats_waiters.pop(key, None)
 
     # ------------------------------------------------------------ reading
-    def _read_loop(self) -> None:
-        reason = "connection closed"
+    def wait_for(self, done) -> None:
+        """Return once ``done()`` is true (a reply arrived, or the call
+        failed), reading this link's messages meanwhile whenever no other
+        thread is reading them."""
+        role = self._role
+        with role:
+            self._waiters += 1
+            try:
+                while not done():
+                    if self._reading or self._lost:
+                        role.wait(READ_POLL)
+                        continue
+                    self._reading = self._reader_waits = True
+                    role.release()
+                    try:
+                        self._read_until(done)
+                    finally:
+                        role.acquire()
+                        self._reading = self._reader_waits = False
+                        if self._waiters > 1:
+                            role.notify_all()
+            finally:
+                self._waiters -= 1
+        if not self._waiters and self._expected > 0:
+            self.kick()  # replies nobody waits for: the background reads
+
+    def expect_reply(self) -> None:
+        """A call was sent: its reply (result or error) will come."""
+        with self._role:
+            self._expected += 1
+
+    def kick(self) -> None:
+        """Have the background reader read if no caller is waiting (a
+        submitted call's or a stats request's reply is expected)."""
+        if not self._waiters and not self._reading:
+            self._kick.set()
+
+    def _background_read(self) -> None:
+        """Read while no caller waits: at once when kicked, else after
+        ``IDLE_READ`` seconds without a read (heartbeats, EOF)."""
+        role = self._role
+        while not self._lost:
+            kicked = self._kick.wait(IDLE_READ)
+            self._kick.clear()
+            if not kicked and time.monotonic() - self.last_seen < IDLE_READ:
+                continue
+            with role:
+                if self._reading or self._waiters or self._lost:
+                    continue
+                self._reading = True
+            try:
+                self._read_until(lambda: self._waiters > 0)
+            finally:
+                with role:
+                    self._reading = False
+                    if self._waiters:
+                        role.notify_all()
+
+    def _read_until(self, done) -> None:
+        """Holding the reading role: handle messages until ``done()`` or
+        the link is lost (which is then reported)."""
+        reason = None
         try:
-            while True:
-                frame = self.channel.recv()
-                self.last_seen = time.monotonic()
-                m = messages.decode(frame, self.version)
-                kind = m.kind
-                if kind == K.result or (kind == K.error and m.call_id):
-                    get = self._buffers(m) if m.shards is not None else None
-                    self._on_reply(self, m.call_id, m, get)
-                elif kind == K.error:
-                    self.refused += 1
-                    log.warning("%s", m.error_message)
-                elif kind == K.release:
-                    if self.pool is not None:
-                        self.pool.release(m.released)
-                elif kind == K.stats:
-                    box = self._stats_waiters.get(m.call_id)
-                    if box is not None:
-                        box[1] = m.stats or {}
-                        box[0].set()
-                elif kind != K.ping:
-                    log.warning("%s sent an unexpected %s message",
-                                self.describe, m.kind_name)
+            while not self._lost and not done():
+                if self.channel.readable(READ_POLL, SPIN):
+                    self._handle(self.channel.recv())
         except ExecutorError as e:
             reason = str(e)
         except PayloadError as e:
@@ -164,7 +219,34 @@ class HostLink:
         except Exception as e:  # noqa: BLE001 - report, never hang callers
             log.exception("%s: reader failed", self.describe)
             reason = f"reader failed: {e!r}"
-        self.lost(reason)
+        if reason is not None:
+            self.lost(reason)
+
+    def _handle(self, frame) -> None:
+        self.last_seen = time.monotonic()
+        m = messages.decode(frame, self.version)
+        kind = m.kind
+        if kind == K.result or (kind == K.error and m.call_id):
+            get = self._buffers(m) if m.shards is not None else None
+            self._on_reply(self, m.call_id, m, get)
+            with self._role:
+                self._expected -= 1
+                if self._waiters > self._reader_waits:
+                    self._role.notify_all()  # a caller may wait for it
+        elif kind == K.error:
+            self.refused += 1
+            log.warning("%s", m.error_message)
+        elif kind == K.release:
+            if self.pool is not None:
+                self.pool.release(m.released)
+        elif kind == K.stats:
+            box = self._stats_waiters.get(m.call_id)
+            if box is not None:
+                box[1] = m.stats or {}
+                box[0].set()
+        elif kind != K.ping:
+            log.warning("%s sent an unexpected %s message",
+                        self.describe, m.kind_name)
 
     def _buffers(self, m):
         s = m.shards
@@ -227,7 +309,10 @@ class HostLink:
         self.maps.unlink_all()  # a killed worker cannot unlink its own
         for box in list(self._stats_waiters.values()):
             box[0].set()
+        self._kick.set()
         self._on_lost(self, reason)
+        with self._role:
+            self._role.notify_all()
 
     def close(self, shutdown: bool = True) -> None:
         if shutdown and not self._lost:
@@ -239,6 +324,9 @@ class HostLink:
             self._lost = True
         self.channel.close()
         self._released.put(None)
+        self._kick.set()
+        with self._role:
+            self._role.notify_all()
         if self.pool is not None:
             self.pool.close()
 

@@ -3,7 +3,9 @@
 :class:`LaneRunner` runs tasks one lane at a time, in submission order, and
 different lanes concurrently, on a pool of threads that grows when every
 thread is busy (a lane may block, e.g. at a barrier, without stalling
-others) and shrinks when threads stay idle.
+others) and shrinks when threads stay idle.  ``try_inline`` runs a task of
+an idle lane in the calling thread instead (no thread hand-off); work
+queued on the lane meanwhile goes to the pool afterwards.
 
 :class:`OrderedGate` makes calls that span hosts run one at a time, in the
 order they arrived.  The controller sends such calls to every host they
@@ -40,11 +42,43 @@ class LaneRunner:
                 q.append(task)
                 return
             self._lanes[lane] = collections.deque((task,))
-            spawn = self._idle == 0
-            if spawn:
-                self._threads += 1
-            else:
-                self._idle -= 1
+            spawn = self._take_thread()
+        self._schedule(lane, spawn)
+
+    def try_inline(self, lane, task) -> bool:
+        """Run ``task()`` now, in this thread, if ``lane`` has nothing
+        queued or running (True); else do nothing (False).  Tasks
+        submitted to the lane while it runs queue behind it."""
+        with self._lock:
+            if lane in self._lanes or self._closed:
+                return False
+            self._lanes[lane] = collections.deque()
+        try:
+            task()
+        except BaseException:  # tasks report their own errors
+            log.exception("lane task failed")
+        finally:
+            with self._lock:
+                if self._lanes[lane]:
+                    spawn = self._take_thread()
+                else:
+                    del self._lanes[lane]
+                    spawn = None
+            if spawn is not None:
+                self._schedule(lane, spawn)
+        return True
+
+    def _take_thread(self) -> bool:
+        """Reserve a pool thread for one ready lane (under the lock); True
+        when a new thread must be started."""
+        spawn = self._idle == 0
+        if spawn:
+            self._threads += 1
+        else:
+            self._idle -= 1
+        return spawn
+
+    def _schedule(self, lane, spawn: bool) -> None:
         self._ready.put(lane)
         if spawn:
             threading.Thread(target=self._loop, daemon=True,

@@ -12,6 +12,7 @@ the controller's.
 from __future__ import annotations
 
 import os
+import secrets
 import select
 import socket
 import subprocess
@@ -33,12 +34,12 @@ class LocalWorker:
 
     def __init__(self, host_index: int, num_hosts: int, device_map: list,
                  authkey: bytes, coordinator: str | None,
-                 extra_args=(), env=None):
+                 extra_args=(), env=None, listen: str = "127.0.0.1:0"):
         self.host_index = host_index
         self.address = None
         r, w = os.pipe()
         cmd = [sys.executable, "-m", "jaxcolo.cli", "worker",
-               "--listen", "127.0.0.1:0", "--authkey-file", "-",
+               "--listen", listen, "--authkey-file", "-",
                "--host-index", str(host_index), "--num-hosts", str(num_hosts),
                "--local-devices", str(len(device_map[host_index])),
                "--device-map", ";".join(",".join(map(str, b))
@@ -126,12 +127,20 @@ class LocalWorker:
 
 
 def start_workers(num_hosts: int, device_map: list, authkey: bytes,
-                  timeout: float, extra_args=(), env=None) -> list:
+                  timeout: float, extra_args=(), env=None,
+                  socket_dir: str | None = None) -> list:
     """Start every host's worker (a jax.distributed cluster when there are
-    several) and wait until all listen.  Kills them all on failure."""
+    several) and wait until all listen.  Kills them all on failure.
+
+    ``socket_dir``: listen on Unix-domain sockets there (fresh names per
+    start); None: on loopback TCP."""
     coordinator = f"127.0.0.1:{free_port()}" if num_hosts > 1 else None
+    tag = secrets.token_hex(4)
     workers = [LocalWorker(i, num_hosts, device_map, authkey, coordinator,
-                           extra_args, env) for i in range(num_hosts)]
+                           extra_args, env,
+                           listen=(f"unix:{socket_dir}/h{i}-{tag}.sock"
+                                   if socket_dir else "127.0.0.1:0"))
+               for i in range(num_hosts)]
     deadline = time.monotonic() + timeout
     try:
         for w in workers:

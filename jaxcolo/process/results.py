@@ -66,7 +66,7 @@ class Plan:
 class Call:
     """One call in flight; ``future`` gets its result."""
 
-    __slots__ = ("plan", "discover", "future", "call_ids", "_parts",
+    __slots__ = ("plan", "discover", "future", "call_ids", "links", "_parts",
                  "_remaining", "_lock", "_make_error")
 
     def __init__(self, plan: Plan, discover: bool, make_error):
@@ -75,6 +75,7 @@ class Call:
         self.future = Future()
         self.future.set_running_or_notify_cancel()
         self.call_ids: list = []
+        self.links: list = []        # (host, HostLink) it was sent to
         self._parts: dict = {}
         self._remaining = len(plan.hosts)
         self._lock = threading.Lock()
@@ -82,6 +83,10 @@ class Call:
 
     def wait(self):
         return self.future.result()
+
+    def has_part(self, h: int) -> bool:
+        """Host ``h`` replied with a result."""
+        return h in self._parts
 
     def fail(self, error: BaseException) -> None:
         with self._lock:

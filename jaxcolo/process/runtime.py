@@ -33,7 +33,8 @@ READY = "JAXCOLO_WORKER_READY"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default="127.0.0.1:0",
                    help="HOST:PORT to listen on (default 127.0.0.1:0, "
-                        "port 0: any free port)")
+                        "port 0: any free port), or unix:PATH for a "
+                        "Unix-domain socket (same machine)")
     p.add_argument("--authkey-file", required=True,
                    help="file holding the shared key ('-': read stdin)")
     p.add_argument("--host-index", type=int, default=0)
@@ -179,15 +180,15 @@ def run(args) -> int:
 
     listener = ch.Listener(args.listen, authkey, lambda: hello, on_channel,
                            need=versions.FEATURE_SINCE["message"])
-    host, port = listener.address
-    line = f"{READY} {host}:{port}\n"
+    where = listener.address_text
+    line = f"{READY} {where}\n"
     if args.ready_fd is not None:
         with os.fdopen(args.ready_fd, "w") as f:
             f.write(line)
     else:
         sys.stdout.write(f"jaxcolo worker (host {args.host_index} of "
                          f"{args.num_hosts}, devices {my_ids}) listening on "
-                         f"{host}:{port}\n")
+                         f"{where}\n")
         sys.stdout.flush()
     try:
         while not done.wait(1.0):

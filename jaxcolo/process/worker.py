@@ -39,6 +39,8 @@ from jaxcolo.process.lanes import LaneRunner, OrderedGate
 from jaxcolo.transport import blobs
 
 log = logging.getLogger("jaxcolo.worker")
+SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
+PROMOTE_AFTER = 0.005   # seconds a call may hold the reader thread
 
 
 class _Program:
@@ -90,9 +92,18 @@ class Session:
         self._ended = threading.Event()
         self.stats = {"calls": 0, "discoveries": 0, "registered": 0,
                       "refused": 0, "errors": 0}
-        self._reader = threading.Thread(target=self._read_loop, daemon=True,
-                                        name=f"jaxcolo-h{host_index}-reader")
-        self._reader.start()
+        # The reader runs a call of an idle lane itself (no hand-off); a
+        # call still running after PROMOTE_AFTER seconds makes a new thread
+        # the reader, so a blocking function cannot stall later messages.
+        self._reader_lock = threading.Lock()
+        self._reader_gen = 0
+        self._busy = False           # the reader is running a call
+        self._busy_seq = 0
+        self._last_busy = 0.0
+        self._busy_event = threading.Event()
+        self._start_reader()
+        threading.Thread(target=self._promote_loop, daemon=True,
+                         name=f"jaxcolo-h{host_index}-promote").start()
         threading.Thread(target=self._release_loop, daemon=True,
                          name=f"jaxcolo-h{host_index}-release").start()
 
@@ -112,18 +123,82 @@ class Session:
             self._end()
 
     # ------------------------------------------------------------ reading
-    def _read_loop(self) -> None:
+    def _start_reader(self) -> None:
+        """Make a new thread the reader (under ``_reader_lock`` or before
+        any reader runs); the previous one exits after its call."""
+        self._reader_gen += 1
+        threading.Thread(target=self._read_loop, args=(self._reader_gen,),
+                         daemon=True,
+                         name=f"jaxcolo-h{self.host_index}-reader"
+                              f"{self._reader_gen}").start()
+
+    def _promote_loop(self) -> None:
+        """Watch the reader's inline calls: tick every PROMOTE_AFTER
+        seconds while calls come (sleep when idle); a call that spans a
+        whole tick gets a new reader started beside it."""
+        seen = None
+        while not self._ended.is_set():
+            with self._reader_lock:
+                idle = (not self._busy and
+                        time.monotonic() - self._last_busy > 1.0)
+                if idle:
+                    self._busy_event.clear()
+            if idle:
+                seen = None
+                self._busy_event.wait(60.0)
+                continue
+            time.sleep(PROMOTE_AFTER)
+            with self._reader_lock:
+                if not self._busy:
+                    seen = None
+                elif seen != self._busy_seq:
+                    seen = self._busy_seq
+                else:  # the same call for a whole tick: promote
+                    seen = None
+                    self._busy = False
+                    self._start_reader()
+
+    def _run_inline(self, gen: int, lane, task) -> bool:
+        """Run ``task`` of ``lane`` on this reader thread if the lane is
+        idle.  Returns False when this thread is no longer the reader."""
+        with self._reader_lock:
+            self._busy = True
+            self._busy_seq += 1
+        self._busy_event.set()
+        try:
+            if not self._lanes.try_inline(lane, task):
+                self._lanes.submit(lane, task)
+        finally:
+            with self._reader_lock:
+                if gen == self._reader_gen:
+                    self._busy = False
+                    self._last_busy = time.monotonic()
+                    return True
+        return False
+
+    def _read_loop(self, gen: int) -> None:
+        if self._read_frames(gen):
+            self._end()
+
+    def _read_frames(self, gen: int) -> bool:
+        """Read and handle frames until the session ends (True) or a newer
+        reader took over (False)."""
         try:
             while not self._ended.is_set():
-                frame = self.channel.recv(
-                    timeout=None)
+                self.channel.readable(None, SPIN)
+                frame = self.channel.recv(timeout=None)
                 try:
                     m = messages.decode(frame, self.version)
                 except PayloadError as e:
                     self._refuse(f"malformed message: {e}")
                     continue
                 try:
-                    if not self._dispatch(m):
+                    if m.kind in (K.call, K.discover) and not m.ordered:
+                        task = self._prepare_call(m)
+                        if task is not None and \
+                                not self._run_inline(gen, m.lane, task):
+                            return False  # a newer reader took over
+                    elif not self._dispatch(m):
                         break
                 except PayloadError as e:
                     if m.call_id and m.kind in (K.call, K.discover):
@@ -135,8 +210,7 @@ class Session:
             log.info("%s: controller connection ended: %s", self.where, e)
         except Exception:  # never die silently
             log.exception("%s: session failed", self.where)
-        finally:
-            self._end()
+        return True
 
     def _refuse(self, why: str) -> None:
         self.stats["refused"] += 1
@@ -244,6 +318,13 @@ class Session:
         return get
 
     def _call(self, m) -> None:
+        task = self._prepare_call(m)
+        if task is not None:
+            self._lanes.submit(m.lane, task)
+
+    def _prepare_call(self, m):
+        """The task running call ``m``, or None when it already failed
+        (its error was sent)."""
         ticket = self._gate.ticket() if m.ordered else None
         try:
             get = self._buffers(m) if m.shards is not None else None
@@ -261,10 +342,10 @@ class Session:
                 self._lanes.submit(m.lane, lambda: (
                     self._gate.enter(ticket), self._gate.leave()))
             self._send_quietly(error_message(m.call_id, e, self.where))
-            return
+            return None
         discover = m.kind == K.discover
-        self._lanes.submit(m.lane, lambda: self._run(
-            m.call_id, m.lane, entry, args, discover, ticket))
+        return lambda: self._run(m.call_id, m.lane, entry, args, discover,
+                                 ticket)
 
     def _release_unused(self, m) -> None:
         s = m.shards
@@ -325,6 +406,7 @@ class Session:
         if self._ended.is_set():
             return
         self._ended.set()
+        self._busy_event.set()
         self._gate.break_()
         self._released.put(None)
         self._lanes.close()
