@@ -447,11 +447,16 @@ class _Template:
         if b != self.body:
             return None
         p = self.proto
-        m = Message(p.kind, call_id=call, lane=lane, program_id=p.program_id,
+        m = Message(p.kind, call, lane, p.program_id, None,
+                    None if p.shards is None else _with_data(p.shards, data),
                     ordered=p.ordered)
-        if p.shards is not None:
-            m.shards = dataclasses.replace(p.shards, data=data)
         return m
+
+
+def _with_data(s: Shards, data) -> Shards:
+    """A copy of ``s`` with other data bytes (columns shared: read-only)."""
+    return Shards(s.leaf, s.device, s.buffer, s.where, s.format, s.offset,
+                  s.size, s.segment, s.lease, data)
 
 
 _ZERO8 = bytes(8)
