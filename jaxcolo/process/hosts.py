@@ -35,7 +35,6 @@ from jaxcolo.transport import blobs, channel as ch, handshake
 
 log = logging.getLogger("jaxcolo.executor")
 READ_POLL = 0.05    # seconds between checks of a reader's stop condition
-SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
 IDLE_READ = 0.2     # the background reader reads after this long unread
 
 
@@ -210,7 +209,7 @@ class HostLink:
         reason = None
         try:
             while not self._lost and not done():
-                if self.channel.readable(READ_POLL, SPIN):
+                if self.channel.readable(READ_POLL, ch.SPIN):
                     self._handle(self.channel.recv())
         except ExecutorError as e:
             reason = str(e)

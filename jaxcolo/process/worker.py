@@ -6,7 +6,11 @@ not decode is refused -- logged, answered with an ``error`` message of
 call id 0, and dropped -- and the session goes on.  Programs arrive once
 (``register``) and calls name them by content id.  A call's input shards are
 turned into jax.Arrays on this host's devices (``jaxcolo.process.arrays``)
-and the call is queued on its lane (``jaxcolo.process.lanes``); it runs in an
+and the call runs on its lane (``jaxcolo.process.lanes``): on the reader
+thread itself when the lane is idle (a call that runs longer than
+``PROMOTE_AFTER`` gets a new reader thread started beside it, so later
+messages are never stuck behind it), else queued behind the lane's work.  It
+runs in an
 :class:`~jaxcolo.colocated.inline.InlineExecutor` (loading bodies, class
 instances, output checks, discovery), and its outputs -- the shards this host
 holds -- go back in a ``result``, or its exception in an ``error`` (type,
@@ -36,10 +40,9 @@ from jaxcolo.colocated.program import ProgramRef, decode_program
 from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
 from jaxcolo.process.lanes import LaneRunner, OrderedGate
-from jaxcolo.transport import blobs
+from jaxcolo.transport import blobs, channel as channel_mod
 
 log = logging.getLogger("jaxcolo.worker")
-SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
 PROMOTE_AFTER = 0.005   # seconds a call may hold the reader thread
 
 
@@ -185,7 +188,7 @@ class Session:
         reader took over (False)."""
         try:
             while not self._ended.is_set():
-                self.channel.readable(None, SPIN)
+                self.channel.readable(None, channel_mod.SPIN)
                 frame = self.channel.recv(timeout=None)
                 try:
                     m = messages.decode(frame, self.version)

@@ -29,6 +29,9 @@ from jaxcolo.transport import handshake
 log = logging.getLogger("jaxcolo.transport")
 
 MAX_FRAME = 64 << 20
+# Seconds a receiver expecting a frame soon polls without sleeping before it
+# blocks (saves a scheduler wake-up per message); JAXCOLO_SPIN overrides.
+SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
 DEFAULT_TIMEOUT = 10.0
 
 
