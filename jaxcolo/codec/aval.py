@@ -160,11 +160,9 @@ def intern_array(writer, shape, dtype, flags, sharding_ref, mat, path) -> int:
 
 
 def intern_sds(writer, s, path) -> int:
-    writer.require("aval", path)
+    if "aval" not in writer.required:
+        writer.require("aval", path)
     memo = writer.memo
-    hit = memo.get(id(s))
-    if hit is not None and hit[0] is s:
-        return hit[1]
     mat = getattr(s, "manual_axis_type", None)
     is_ref = bool(getattr(s, "is_ref", False))
     sharding = s.sharding
@@ -189,7 +187,6 @@ def intern_sds(writer, s, path) -> int:
                          path)
         if fast is not None:
             memo[fast] = i
-    memo[id(s)] = (s, i)
     return i
 
 

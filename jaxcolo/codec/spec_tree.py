@@ -62,22 +62,22 @@ def _leaf_path(obj, i: int) -> str:
 
 def intern_leaves(writer: core.Writer, obj, leaves):
     """Phase 1: (leaf kinds, leaf refs) of the flattened ``obj``."""
-    n = len(leaves)
-    kinds = bytearray(n)
-    refs = np.empty(n, np.uint32)
+    kinds = bytearray()
+    refs = []
     leaf_codec = core.leaf_codec
+    by_type = core.LEAF_TYPES
     for i, leaf in enumerate(leaves):
-        codec = leaf_codec(leaf)
+        codec = by_type.get(type(leaf)) or leaf_codec(leaf)
         try:
             if codec is None:
                 raise EncodeError(
                     f"unsupported leaf of type {type(leaf).__module__}."
                     f"{type(leaf).__qualname__}", "")
-            kinds[i] = codec.kind
-            refs[i] = codec.intern(writer, leaf, "")
+            kinds.append(codec.kind)
+            refs.append(codec.intern(writer, leaf, ""))
         except EncodeError as e:
             raise EncodeError(e.reason, _leaf_path(obj, i) + e.path) from None
-    return kinds, refs
+    return kinds, np.array(refs, np.uint32)
 
 
 def build_tables(writer: core.Writer, builder) -> dict:
