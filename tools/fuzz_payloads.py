@@ -80,7 +80,8 @@ def seed_payloads() -> list[bytes]:
 
 
 def other_root_kinds(corpus) -> list[bytes]:
-    """Program and hello payloads (bodies are never loaded by decoding)."""
+    """Program, hello and executor message payloads (bodies are never
+    loaded by decoding)."""
     import jax
     from jaxcolo.colocated.program import encode_program
     from jaxcolo.transport import handshake
@@ -95,6 +96,13 @@ def other_root_kinds(corpus) -> list[bytes]:
             **extra))
     out.append(handshake.encode_hello(handshake.local_hello(
         "worker", host_index=1, device_ids=range(4))))
+    # Executor messages: the frozen version-3 golden ones (every kind).
+    golden = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                          "tests", "golden", "spec", "v3")
+    for name in sorted(os.listdir(golden)):
+        if name.startswith("message_"):
+            with open(os.path.join(golden, name), "rb") as f:
+                out.append(f.read())
     return out
 
 
