@@ -38,6 +38,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Hashable, Sequence
 
@@ -99,6 +100,9 @@ class ProcessExecutor(Executor):
         self._socket_dir = None
         if num_hosts is not None and local_transport == "unix":
             self._socket_dir = tempfile.mkdtemp(prefix="jaxcolo-")
+            # removed at close(), or at exit for an executor never closed
+            self._remove_socket_dir = weakref.finalize(
+                self, shutil.rmtree, self._socket_dir, True)
         self._lock = threading.RLock()
         self._ordered_lock = threading.Lock()
         self._ready = threading.Event()
@@ -488,5 +492,5 @@ class ProcessExecutor(Executor):
         for w in self._workers:
             w.stop()
         if self._socket_dir is not None:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._remove_socket_dir()
         self._ready.set()
