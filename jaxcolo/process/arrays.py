@@ -21,6 +21,7 @@ the controller's ids on both sides.
 from __future__ import annotations
 
 import math
+import weakref
 
 import jax
 import numpy as np
@@ -307,6 +308,41 @@ def assemble(layout: Layout, found: dict, leaf: int, what: str):
         return arrays[0]
     return jax.make_array_from_single_device_arrays(
         layout.shape, layout.sharding, arrays)
+
+
+def message_buffers(m, channel, maps, released):
+    """``get(j)``: buffer j of message ``m``'s shards, as bytes-like.
+
+    Reads the out-of-band frames that follow ``m`` on ``channel`` now (they
+    come next in the stream) and maps the segments ``m`` announces into
+    ``maps`` (a ``blobs.SegmentMaps``).  A shared-memory view puts its lease
+    id on ``released`` (a queue) once the view is garbage."""
+    s = m.shards
+    frames = {}
+    for j in range(s.num_buffers):
+        if s.where[j] == BufferWhere.frame:
+            frames[j] = channel.recv_buffer(s.size[j], FRAME_CHUNK)
+    for sid, name, size in m.segments:
+        try:
+            maps.add(sid, name, size)
+        except OSError as e:
+            raise PayloadError(f"cannot map segment {name}: {e}",
+                               "$.segments") from None
+
+    def get(j):
+        w = s.where[j]
+        if w == BufferWhere.message:
+            return memoryview(s.data)[s.offset[j]:s.offset[j] + s.size[j]]
+        if w == BufferWhere.frame:
+            return frames[j]
+        try:
+            view = maps.view(s.segment[j], s.offset[j], s.size[j])
+        except (KeyError, ValueError) as e:
+            raise PayloadError(f"bad shared-memory buffer {j}: {e}",
+                               f"$.shards.segment[{j}]") from None
+        weakref.finalize(view, released.put, s.lease[j])
+        return view
+    return get
 
 
 def buffers_by_device(shards: Shards, leaf_count: int, get_buffer, what: str):

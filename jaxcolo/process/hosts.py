@@ -25,9 +25,8 @@ import queue
 import secrets
 import threading
 import time
-import weakref
 
-from jaxcolo_fb import BufferWhere, MessageKind as K
+from jaxcolo_fb import MessageKind as K
 from jaxcolo import versions
 from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
@@ -226,7 +225,9 @@ class HostLink:
         m = messages.decode(frame, self.version)
         kind = m.kind
         if kind == K.result or (kind == K.error and m.call_id):
-            get = self._buffers(m) if m.shards is not None else None
+            get = (arrays.message_buffers(m, self.channel, self.maps,
+                                         self._released)
+                   if m.shards is not None else None)
             self._on_reply(self, m.call_id, m, get)
             with self._role:
                 self._expected -= 1
@@ -246,36 +247,6 @@ class HostLink:
         elif kind != K.ping:
             log.warning("%s sent an unexpected %s message",
                         self.describe, m.kind_name)
-
-    def _buffers(self, m):
-        s = m.shards
-        frames = {}
-        for j in range(s.num_buffers):
-            if s.where[j] == BufferWhere.frame:
-                frames[j] = self.channel.recv_buffer(s.size[j],
-                                                     arrays.FRAME_CHUNK)
-        for sid, name, size in m.segments:
-            try:
-                self.maps.add(sid, name, size)
-            except OSError as e:
-                raise PayloadError(f"cannot map segment {name}: {e}",
-                                   "$.segments") from None
-        released = self._released
-
-        def get(j):
-            w = s.where[j]
-            if w == BufferWhere.message:
-                return memoryview(s.data)[s.offset[j]:s.offset[j] + s.size[j]]
-            if w == BufferWhere.frame:
-                return frames[j]
-            try:
-                view = self.maps.view(s.segment[j], s.offset[j], s.size[j])
-            except (KeyError, ValueError) as e:
-                raise PayloadError(f"bad shared-memory buffer {j}: {e}",
-                                   f"$.shards.segment[{j}]") from None
-            weakref.finalize(view, released.put, s.lease[j])
-            return view
-        return get
 
     def _release_loop(self) -> None:
         while True:

@@ -30,7 +30,6 @@ import queue
 import threading
 import time
 import traceback
-import weakref
 
 import cloudpickle
 
@@ -290,36 +289,6 @@ class Session:
         self.stats["registered"] += 1
 
     # -------------------------------------------------------------- calls
-    def _buffers(self, m):
-        """buffer index -> bytes-like, reading frames that follow ``m``."""
-        s = m.shards
-        frames = {}
-        for j in range(s.num_buffers):  # first: they follow in the stream
-            if s.where[j] == BufferWhere.frame:
-                frames[j] = self.channel.recv_buffer(s.size[j],
-                                                     arrays.FRAME_CHUNK)
-        for sid, name, size in m.segments:
-            try:
-                self._maps.add(sid, name, size)
-            except OSError as e:
-                raise PayloadError(f"cannot map segment {name}: {e}",
-                                   "$.segments") from None
-
-        def get(j):
-            w = s.where[j]
-            if w == BufferWhere.message:
-                return memoryview(s.data)[s.offset[j]:s.offset[j] + s.size[j]]
-            if w == BufferWhere.frame:
-                return frames[j]
-            try:
-                view = self._maps.view(s.segment[j], s.offset[j], s.size[j])
-            except (KeyError, ValueError) as e:
-                raise PayloadError(f"bad shared-memory buffer {j}: {e}",
-                                   f"$.shards.segment[{j}]") from None
-            weakref.finalize(view, self._released.put, s.lease[j])
-            return view
-        return get
-
     def _call(self, m) -> None:
         task = self._prepare_call(m)
         if task is not None:
@@ -330,7 +299,9 @@ class Session:
         (its error was sent)."""
         ticket = self._gate.ticket() if m.ordered else None
         try:
-            get = self._buffers(m) if m.shards is not None else None
+            get = (arrays.message_buffers(m, self.channel, self._maps,
+                                         self._released)
+                   if m.shards is not None else None)
             entry = self._programs.get(m.program_id)
             if entry is None:
                 raise PayloadError("call of a program that was never "
