@@ -408,6 +408,18 @@ def test_concurrent_multi_host_calls_from_several_threads(two_hosts):
     assert errors == []
 
 
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Wait until process ``pid`` is in the stopped state (``T``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state in ("T", "t"):
+            return
+        assert time.monotonic() < deadline, f"pid {pid} did not stop"
+        time.sleep(0.001)
+
+
 def test_hung_worker_is_lost_after_lost_timeout(tmp_path):
     with jaxcolo.ProcessExecutor(num_hosts=1, lost_timeout=2.0,
                                  heartbeat=0.25) as ex:
@@ -418,6 +430,7 @@ def test_hung_worker_is_lost_after_lost_timeout(tmp_path):
             x = put(1, cpu_devices()[0])
             assert int(f(x)) == 1
             os.kill(pid, signal.SIGSTOP)  # alive, but silent
+            _wait_stopped(pid)  # the signal lands asynchronously
             try:
                 t0 = time.monotonic()
                 with pytest.raises(jaxcolo.ExecutorError,
