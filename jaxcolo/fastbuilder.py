@@ -28,6 +28,17 @@ _I32 = _BE["Int32"]
 _U16 = _BE["Uint16"]
 
 
+_VTABLE_PACKERS: dict = {}
+
+
+def _vtable_packer(n: int):
+    """struct packer of a vtable of ``n`` fields, big endian (reversed)."""
+    p = _VTABLE_PACKERS.get(n)
+    if p is None:
+        p = _VTABLE_PACKERS[n] = struct.Struct(f">{n + 2}H").pack
+    return p
+
+
 class FastBuilder:
     """Subset of flatbuffers.Builder used by generated code and jaxcolo."""
 
@@ -55,8 +66,13 @@ class FastBuilder:
 
     # ------------------------------------------------------------ scalars
     def PrependUOffsetTRelative(self, off: int) -> None:
-        self.Prep(4, 0)
-        self.buf.extend(_U32(len(self.buf) - off + 4))
+        buf = self.buf
+        if self.minalign < 4:
+            self.minalign = 4
+        pad = -len(buf) % 4
+        if pad:
+            buf.extend(bytes(pad))
+        buf.extend(_U32(len(buf) - off + 4))
 
     def PrependUint32(self, x) -> None:
         self.Prep(4, 0)
@@ -69,12 +85,22 @@ class FastBuilder:
 
     def PrependUOffsetTRelativeSlot(self, slot, x, d) -> None:
         if x != d:
-            self.PrependUOffsetTRelative(x)
-            self.vtable[slot] = len(self.buf)
+            buf = self.buf
+            if self.minalign < 4:
+                self.minalign = 4
+            pad = -len(buf) % 4
+            if pad:
+                buf.extend(bytes(pad))
+            buf.extend(_U32(len(buf) - x + 4))
+            self.vtable[slot] = len(buf)
 
     def EndObject(self) -> int:
         buf = self.buf
-        self.Prep(4, 0)
+        if self.minalign < 4:
+            self.minalign = 4
+        pad = -len(buf) % 4
+        if pad:
+            buf.extend(bytes(pad))
         buf.extend(b"\0\0\0\0")  # soffset placeholder
         obj = len(buf)
         vt = self.vtable
@@ -82,13 +108,15 @@ class FastBuilder:
         while n and not vt[n - 1]:
             n -= 1
         entries = [(obj - o if o else 0) for o in vt[:n]]
-        size = obj - self.object_end
-        key = struct.pack(f"<{n + 2}H", (n + 2) * 2, size, *entries)
+        # vtable entries are prepended last-field-first, then the table's
+        # size, then the vtable's; those (reversed) bytes are also its key.
+        entries.reverse()
+        entries.append(obj - self.object_end)
+        entries.append((n + 2) * 2)
+        key = _vtable_packer(n)(*entries)
         existing = self.vtables.get(key)
         if existing is None:
-            # vtable entries are prepended last-field-first, then size, len.
-            buf.extend(struct.pack(f">{n + 2}H", *reversed(entries), size,
-                                   (n + 2) * 2))
+            buf.extend(key)
             existing = len(buf)
             self.vtables[key] = existing
         buf[obj - 4:obj] = _I32(existing - obj)

@@ -229,3 +229,26 @@ def test_payload_memos_change_nothing(monkeypatch):
     monkeypatch.setattr(memo, "_enabled", False)
     assert jaxcolo.serialize(tree) == data  # and the same without the memos
     assert jaxcolo.deserialize(data) == tree
+
+
+def test_uniform_leaves_path_matches_general_loop(monkeypatch):
+    """Trees of ShapeDtypeStructs only take intern_leaves' C-level path; it
+    writes the same bytes as the per-leaf loop and names a failing leaf."""
+    from jaxcolo.codec import memo, spec_tree
+    monkeypatch.setattr(memo, "_enabled", False)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y"))
+    shardings = [NamedSharding(mesh, P("x")), NamedSharding(mesh, P()), None]
+    leaves = [jax.ShapeDtypeStruct((8, i % 4 + 1), [np.float32, np.int8][i % 2],
+                                   sharding=shardings[i % 3])
+              for i in range(40)]
+    tree = {"a": leaves[:25], "b": tuple(leaves[25:])}
+    fast = jaxcolo.serialize(tree)
+    monkeypatch.setattr(spec_tree, "_intern_uniform_leaves",
+                        lambda *a: None)
+    assert jaxcolo.serialize(tree) == fast
+    monkeypatch.undo()
+    assert jaxcolo.deserialize(fast) == tree
+    bad = list(leaves)
+    bad[7] = jax.ShapeDtypeStruct((2,), np.dtype(object))
+    with pytest.raises(jaxcolo.EncodeError, match=r"dtype.*at \$\[7\]\.dtype"):
+        jaxcolo.serialize(bad)

@@ -16,6 +16,7 @@ equal to the originals (JAX compares dims by scope identity).
 from __future__ import annotations
 
 import itertools
+import operator
 import weakref
 
 import jax
@@ -160,34 +161,31 @@ def intern_array(writer, shape, dtype, flags, sharding_ref, mat, path) -> int:
 
 
 def intern_sds(writer, s, path) -> int:
+    """Index of ShapeDtypeStruct ``s`` in the arrays table.  (Repeats within
+    a payload are caught before this by ``sds_key``; equal entries also
+    share one index through the table's own interning.)"""
     if "aval" not in writer.required:
         writer.require("aval", path)
-    memo = writer.memo
-    mat = getattr(s, "manual_axis_type", None)
-    is_ref = bool(getattr(s, "is_ref", False))
     sharding = s.sharding
-    try:  # equal specs share an entry without re-deriving its parts
-        fast = ("sds", s.shape, s.dtype, sharding, bool(s.weak_type), is_ref,
-                mat)
-        i = memo.get(fast)
-    except TypeError:
-        fast = i = None
-    if i is None:
-        sharding_ref = 0
-        if sharding is not None:
-            if not isinstance(sharding, jax.sharding.Sharding):
-                raise EncodeError(
-                    f"ShapeDtypeStruct sharding {sharding!r} is not a "
-                    "Sharding", path + ".sharding")
-            sharding_ref = 1 + intern_sharding(writer, sharding,
-                                               path + ".sharding")
-        flags = ((ArrayFlags.weak_type if s.weak_type else 0) |
-                 (ArrayFlags.is_ref if is_ref else 0))
-        i = intern_array(writer, s.shape, s.dtype, flags, sharding_ref, mat,
-                         path)
-        if fast is not None:
-            memo[fast] = i
-    return i
+    sharding_ref = 0
+    if sharding is not None:
+        if not isinstance(sharding, jax.sharding.Sharding):
+            raise EncodeError(
+                f"ShapeDtypeStruct sharding {sharding!r} is not a Sharding",
+                path + ".sharding")
+        sharding_ref = 1 + intern_sharding(writer, sharding, path + ".sharding")
+    is_ref = getattr(s, "is_ref", False)
+    flags = ((ArrayFlags.weak_type if s.weak_type else 0) |
+             (ArrayFlags.is_ref if is_ref else 0))
+    return intern_array(writer, s.shape, s.dtype, flags, sharding_ref,
+                        getattr(s, "manual_axis_type", None), path)
+
+
+# Per-payload dedup key of a ShapeDtypeStruct: its stored attributes.  Equal
+# keys intern to the same entry within one payload (a PartitionSpec sharding
+# resolves against the same context mesh throughout one encode).
+sds_key = operator.attrgetter("shape", "dtype", "_sharding", "_dll",
+                              "weak_type", "is_ref", "manual_axis_type")
 
 
 def _is_default_sharding(aval) -> bool:
@@ -409,4 +407,4 @@ register_table("scopes", build_scope, decode_scope)
 register_leaf((core.ShapedArray,), LeafKind.shaped_array, "shaped_arrays",
               intern_shaped_array)
 register_leaf((jax.ShapeDtypeStruct,), LeafKind.shape_dtype_struct, "structs",
-              intern_sds)
+              intern_sds, key=sds_key)

@@ -6,9 +6,11 @@ leaves that reference them by index.  Each codec module registers:
 * ``register_table(name, build, decode)``: how one entry of the SpecTree vector
   ``name`` is built into a flatbuffer (``build(writer, builder, item) ->
   offset``) and read back (``decode(reader, table, path) -> object``);
-* ``register_leaf(types, kind, table, intern)``: which Python types are leaves
-  of kind ``kind`` and how to intern one (``intern(writer, obj, path) ->
-  index``).
+* ``register_leaf(types, kind, table, intern, key=None)``: which Python types
+  are leaves of kind ``kind`` and how to intern one (``intern(writer, obj,
+  path) -> index``); ``key(obj)``, when given, returns a hashable value that
+  is equal for leaves that intern to the same entry (or None), so repeated
+  leaves of one payload skip ``intern``.
 
 New types plug in here without touching a switch statement elsewhere.
 """
@@ -42,6 +44,7 @@ class LeafCodec:
     kind: int
     table: str
     intern: Callable  # (writer, obj, path) -> index
+    key: Callable | None = None  # obj -> hashable | None (see register_leaf)
 
 
 TABLES: dict[str, TableCodec] = {}
@@ -62,8 +65,9 @@ def register_columns(name: str, field: str, build: Callable | None,
 
 
 def register_leaf(types: tuple, kind: int, table: str, intern: Callable,
-                  *, subclasses: bool = False) -> None:
-    codec = LeafCodec(kind, table, intern)
+                  *, subclasses: bool = False,
+                  key: Callable | None = None) -> None:
+    codec = LeafCodec(kind, table, intern, key)
     for t in types:
         LEAF_TYPES[t] = codec
         if subclasses:
@@ -103,6 +107,7 @@ class Writer:
         self.required: set[str] = set()
         # Per-payload memo for codecs' fast paths (e.g. id(obj) -> (obj, i)).
         self.memo: dict = {}
+        self.dtype_refs: dict = {}  # dtype -> index in the dtypes table
 
     def require(self, feature: str, path: str = "$") -> None:
         if feature in self.required:

@@ -171,6 +171,14 @@ def _decode_dtype_entry(reader, t, path):
 def intern_dtype(writer, dtype, path) -> int:
     """Index of ``dtype`` in the payload's dtypes table (EncodeError with
     ``path`` for a dtype the schema cannot express)."""
+    seen = writer.dtype_refs  # dtype -> index, for this payload
+    try:
+        i = seen.get(dtype)
+    except TypeError:
+        i = None
+    if i is not None:
+        return i
+
     def make():
         describe(dtype, path)  # fail here, with the path, not when building
         return dtype
@@ -180,7 +188,12 @@ def intern_dtype(writer, dtype, path) -> int:
     except TypeError:
         describe(dtype, path)
         raise EncodeError(f"unsupported dtype {dtype!r}", path) from None
-    return writer.intern("dtypes", key, make=make)
+    i = writer.intern("dtypes", key, make=make)
+    try:
+        seen[dtype] = i
+    except TypeError:
+        pass
+    return i
 
 
 def _intern_dtype_leaf(writer, dtype, path):

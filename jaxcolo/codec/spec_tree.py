@@ -61,23 +61,73 @@ def _leaf_path(obj, i: int) -> str:
 
 
 def intern_leaves(writer: core.Writer, obj, leaves):
-    """Phase 1: (leaf kinds, leaf refs) of the flattened ``obj``."""
+    """Phase 1: (leaf kinds, leaf refs) of the flattened ``obj``.
+
+    Leaves whose codec has a ``key`` are interned once per distinct key;
+    repeats (the common case: many arrays with one sharding, shape and
+    dtype) only hash their key.
+    """
+    if leaves:
+        fast = _intern_uniform_leaves(writer, obj, leaves)
+        if fast is not None:
+            return fast
     kinds = bytearray()
     refs = []
+    seen: dict = {}
     leaf_codec = core.leaf_codec
     by_type = core.LEAF_TYPES
     for i, leaf in enumerate(leaves):
         codec = by_type.get(type(leaf)) or leaf_codec(leaf)
+        k = None
+        if codec is not None and codec.key is not None:
+            try:
+                k = codec.key(leaf)
+                ref = seen.get(k)
+            except TypeError:  # unhashable parts: intern it the long way
+                k = ref = None
+            if ref is not None:
+                kinds.append(codec.kind)
+                refs.append(ref)
+                continue
         try:
             if codec is None:
                 raise EncodeError(
                     f"unsupported leaf of type {type(leaf).__module__}."
                     f"{type(leaf).__qualname__}", "")
-            kinds.append(codec.kind)
-            refs.append(codec.intern(writer, leaf, ""))
+            ref = codec.intern(writer, leaf, "")
         except EncodeError as e:
             raise EncodeError(e.reason, _leaf_path(obj, i) + e.path) from None
+        kinds.append(codec.kind)
+        refs.append(ref)
+        if k is not None:
+            seen[k] = ref
     return kinds, np.array(refs, np.uint32)
+
+
+def _intern_uniform_leaves(writer, obj, leaves):
+    """intern_leaves for leaves of one keyed type, in C-level passes (same
+    entries in the same order as the general loop); None if not applicable."""
+    types = set(map(type, leaves))
+    if len(types) != 1:
+        return None
+    codec = core.LEAF_TYPES.get(types.pop())
+    if codec is None or codec.key is None:
+        return None
+    n = len(leaves)
+    first_of_key: dict = {}
+    try:  # each leaf -> index of the first leaf with an equal key (one hash)
+        firsts = np.fromiter(map(first_of_key.setdefault,
+                                 map(codec.key, leaves), range(n)),
+                             np.intp, n)
+    except TypeError:
+        return None
+    ref_at = np.zeros(n, np.uint32)
+    for i in first_of_key.values():  # distinct leaves, first-seen order
+        try:
+            ref_at[i] = codec.intern(writer, leaves[i], "")
+        except EncodeError as e:
+            raise EncodeError(e.reason, _leaf_path(obj, i) + e.path) from None
+    return bytearray((codec.kind,)) * n, ref_at[firsts]
 
 
 def build_tables(writer: core.Writer, builder) -> dict:
