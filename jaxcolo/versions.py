@@ -13,7 +13,7 @@ import dataclasses
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIN_READABLE_VERSION = 1
 
 
@@ -45,6 +45,9 @@ HISTORY: tuple[VersionInfo, ...] = (
     )),
     VersionInfo(3, 1, (
         "message",            # root kind 5: controller <-> worker messages
+    )),
+    VersionInfo(4, 1, (
+        "layout",             # ShapeDtypeStruct(sharding=Format(layout, s))
     )),
 )
 

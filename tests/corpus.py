@@ -15,6 +15,7 @@ from jax._src import mesh as jmesh
 from jax._src import sharding_impls
 from jax._src.random import prng
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.experimental.layout import Format, Layout
 
 ALL_DTYPES = [
     np.dtype(t) for t in (
@@ -123,6 +124,7 @@ def avals():
            jax.ShapeDtypeStruct((4,), np.dtypes.StringDType()),
            jax.ShapeDtypeStruct((3,), jax.random.key(0).dtype),
            jax.ShapeDtypeStruct((5,), np.float32, is_ref=True),
+           *layouts(s),
            core.ShapedArray((2, 3), np.float32),
            core.ShapedArray((2, 3), np.float32, weak_type=True),
            core.ShapedArray((2,), np.float32,
@@ -133,6 +135,21 @@ def avals():
            ]
     out += [jax.ShapeDtypeStruct((2, 3), dt) for dt in ALL_DTYPES]
     return out
+
+
+def layouts(s):
+    """ShapeDtypeStructs with a Format layout (schema v4)."""
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[1])
+    return [
+        jax.ShapeDtypeStruct((8, 16), np.float32,
+                             sharding=Format(Layout((0, 1)), s)),
+        jax.ShapeDtypeStruct((8, 16), ml_dtypes.int4, sharding=Format(
+            Layout((1, 0), tiling=((8, 128), (2,)),
+                   sub_byte_element_size_in_bits=4), s)),
+        jax.ShapeDtypeStruct((4, 2, 3), np.float32,
+                             sharding=Format(Layout((2, 0, 1), tiling=()), one)),
+        jax.ShapeDtypeStruct((), np.int32, sharding=Format(Layout(()), one)),
+    ]
 
 
 def pytrees():

@@ -980,8 +980,18 @@ class ArraySpecExtra(object):
             return obj
         return None
 
+    # ArraySpecExtra
+    def Layout(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            x = self._tab.Indirect(o + self._tab.Pos)
+            obj = ArrayLayout()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
 def ArraySpecExtraStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(5)
 
 def ArraySpecExtraAddEntry(builder, entry):
     builder.PrependUint32Slot(0, entry, 0)
@@ -998,7 +1008,182 @@ def ArraySpecExtraAddScope(builder, scope):
 def ArraySpecExtraAddManualAxisType(builder, manualAxisType):
     builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(manualAxisType), 0)
 
+def ArraySpecExtraAddLayout(builder, layout):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(layout), 0)
+
 def ArraySpecExtraEnd(builder):
+    return builder.EndObject()
+
+
+
+# The layout of a ShapeDtypeStruct whose sharding is a
+# jax.experimental.layout.Format (since v4): a concrete Layout (JAX does not
+# allow Layout.AUTO there).  Only ShapeDtypeStruct entries may carry one.
+class ArrayLayout(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = ArrayLayout()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsArrayLayout(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # ArrayLayout
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # ArrayLayout
+    def MajorToMinor(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # ArrayLayout
+    def MajorToMinorAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint32Flags, o)
+        return 0
+
+    # ArrayLayout
+    def MajorToMinorLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ArrayLayout
+    def MajorToMinorIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        return o == 0
+
+    # ArrayLayout
+    def HasTiling(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
+        return False
+
+    # ArrayLayout
+    def Tiling(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
+            x = self._tab.Indirect(x)
+            obj = LayoutTile()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # ArrayLayout
+    def TilingLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ArrayLayout
+    def TilingIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        return o == 0
+
+    # ArrayLayout
+    def SubByteElementSizeInBits(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def ArrayLayoutStart(builder):
+    builder.StartObject(4)
+
+def ArrayLayoutAddMajorToMinor(builder, majorToMinor):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(majorToMinor), 0)
+
+def ArrayLayoutStartMajorToMinorVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def ArrayLayoutAddHasTiling(builder, hasTiling):
+    builder.PrependBoolSlot(1, hasTiling, 0)
+
+def ArrayLayoutAddTiling(builder, tiling):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(tiling), 0)
+
+def ArrayLayoutStartTilingVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def ArrayLayoutAddSubByteElementSizeInBits(builder, subByteElementSizeInBits):
+    builder.PrependInt32Slot(3, subByteElementSizeInBits, 0)
+
+def ArrayLayoutEnd(builder):
+    return builder.EndObject()
+
+
+
+# One tile of a Layout's tiling.
+class LayoutTile(object):
+    __slots__ = ['_tab']
+
+    @classmethod
+    def GetRootAs(cls, buf, offset=0):
+        n = flatbuffers.encode.Get(flatbuffers.packer.uoffset, buf, offset)
+        x = LayoutTile()
+        x.Init(buf, n + offset)
+        return x
+
+    @classmethod
+    def GetRootAsLayoutTile(cls, buf, offset=0):
+        """This method is deprecated. Please switch to GetRootAs."""
+        return cls.GetRootAs(buf, offset)
+    # LayoutTile
+    def Init(self, buf, pos):
+        self._tab = flatbuffers.table.Table(buf, pos)
+
+    # LayoutTile
+    def Dims(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 8))
+        return 0
+
+    # LayoutTile
+    def DimsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Int64Flags, o)
+        return 0
+
+    # LayoutTile
+    def DimsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # LayoutTile
+    def DimsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
+        return o == 0
+
+def LayoutTileStart(builder):
+    builder.StartObject(1)
+
+def LayoutTileAddDims(builder, dims):
+    builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(dims), 0)
+
+def LayoutTileStartDimsVector(builder, numElems):
+    return builder.StartVector(8, numElems, 8)
+
+def LayoutTileEnd(builder):
     return builder.EndObject()
 
 

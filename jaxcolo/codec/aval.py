@@ -23,11 +23,13 @@ import jax
 import numpy as np
 from jax._src import core
 from jax._src.export import shape_poly
+from jax._src.layout import Format
 
 import jaxcolo_fb as fb
 from jaxcolo_fb import ArrayFlags, LeafKind
 from jaxcolo.codec.core import register_columns, register_leaf, register_table
 from jaxcolo.codec.dtypes import intern_dtype
+from jaxcolo.codec.layout import build_layout, decode_layout, layout_item
 from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.codec.sharding import intern_sharding
 from jaxcolo.errors import EncodeError, PayloadError
@@ -151,12 +153,14 @@ def _shape_item(writer, shape, path):
     return tuple(dims), tuple(sym), scope_ref
 
 
-def intern_array(writer, shape, dtype, flags, sharding_ref, mat, path) -> int:
+def intern_array(writer, shape, dtype, flags, sharding_ref, mat, path,
+                 layout=None) -> int:
     """Index of the ArraySpecs entry with these parts."""
     dims, sym, scope_ref = _shape_item(writer, shape, path)
     dtype_ref = intern_dtype(writer, dtype, path + ".dtype")
     item = (dims, sym, scope_ref, dtype_ref, sharding_ref, flags,
-            _mat_item(mat))
+            _mat_item(mat),
+            layout_item(writer, layout, len(dims), path + ".layout"))
     return writer.intern("arrays", item, item)
 
 
@@ -178,7 +182,8 @@ def intern_sds(writer, s, path) -> int:
     flags = ((ArrayFlags.weak_type if s.weak_type else 0) |
              (ArrayFlags.is_ref if is_ref else 0))
     return intern_array(writer, s.shape, s.dtype, flags, sharding_ref,
-                        getattr(s, "manual_axis_type", None), path)
+                        getattr(s, "manual_axis_type", None), path,
+                        getattr(s, "_dll", None))
 
 
 # Per-payload dedup key of a ShapeDtypeStruct: its stored attributes.  Equal
@@ -215,13 +220,15 @@ def intern_shaped_array(writer, aval, path) -> int:
 def build_arrays(writer, builder, items) -> int:
     """The ArraySpecs table of all interned entries (bottom-up)."""
     extras = []
-    for i, (dims, sym, scope_ref, _, _, _, mat) in enumerate(items):
-        if sym or mat is not None:
-            extras.append((i, sym, scope_ref, mat))
+    for i, (dims, sym, scope_ref, _, _, _, mat, layout) in enumerate(items):
+        if sym or mat is not None or layout is not None:
+            extras.append((i, sym, scope_ref, mat, layout))
     extra_offs = []
-    for i, sym, scope_ref, mat in extras:
+    for i, sym, scope_ref, mat, layout in extras:
         sym_off = _string_vector(builder, sym) if sym else 0
         mat_off = _build_mat(builder, mat)
+        layout_off = build_layout(builder, layout) if layout is not None \
+            else 0
         fb.ArraySpecExtraStart(builder)
         fb.ArraySpecExtraAddEntry(builder, i)
         if sym_off:
@@ -230,6 +237,8 @@ def build_arrays(writer, builder, items) -> int:
             fb.ArraySpecExtraAddScope(builder, scope_ref)
         if mat_off:
             fb.ArraySpecExtraAddManualAxisType(builder, mat_off)
+        if layout_off:
+            fb.ArraySpecExtraAddLayout(builder, layout_off)
         extra_offs.append(fb.ArraySpecExtraEnd(builder))
     extras_off = 0
     if extra_offs:
@@ -345,30 +354,40 @@ def _decode_shape(reader, cols, i, extra, path):
 
 
 def _decode_parts(reader, cols, i, path):
-    """(shape, dtype, flags, sharding ref, manual axis type) of entry i."""
+    """(shape, dtype, flags, sharding ref, manual axis type, layout table
+    and its path or None) of entry i."""
     flags = cols.flags[i]
     if flags & ~_KNOWN_FLAGS or (flags & _MEMORY_BITS) == _MEMORY_BITS:
         raise PayloadError(f"invalid ArrayFlags {flags:#x}", f"{path}.flags")
     extra = cols.extras.get(i)
     shape = _decode_shape(reader, cols, i, extra, path)
     dtype = reader.get("dtypes", cols.dtypes[i], f"{path}.dtype")
-    mat = None
+    mat = layout = None
     if extra is not None:
         x, xpath = extra
         mat = _decode_mat(x.table(LX.manual_axis_type, xpath,
                                   "manual_axis_type"),
                           f"{xpath}.manual_axis_type")
-    return shape, dtype, flags, cols.shardings[i], mat
+        t = x.table(LX.layout, xpath, "layout")
+        if t is not None:
+            layout = (t, f"{xpath}.layout")
+    return shape, dtype, flags, cols.shardings[i], mat, layout
 
 
 def decode_sds(reader, cols, i, path):
-    shape, dtype, flags, sharding_ref, mat = _decode_parts(reader, cols, i,
-                                                           path)
+    shape, dtype, flags, sharding_ref, mat, layout = _decode_parts(
+        reader, cols, i, path)
     if flags & _MEMORY_BITS:
         raise PayloadError("a ShapeDtypeStruct has no memory space",
                            f"{path}.flags")
     sharding = reader.get_optional("shardings", sharding_ref,
                                    f"{path}.sharding")
+    if layout is not None:
+        dll = decode_layout(layout[0], len(shape), layout[1])
+        try:
+            sharding = Format(dll, sharding)
+        except Exception as e:  # a concrete layout needs a sharding
+            raise PayloadError(f"invalid layout: {e}", layout[1]) from None
     try:
         return jax.ShapeDtypeStruct(
             shape, dtype, sharding=sharding,
@@ -379,8 +398,10 @@ def decode_sds(reader, cols, i, path):
 
 
 def decode_shaped_array(reader, cols, i, path):
-    shape, dtype, flags, sharding_ref, mat = _decode_parts(reader, cols, i,
-                                                           path)
+    shape, dtype, flags, sharding_ref, mat, layout = _decode_parts(
+        reader, cols, i, path)
+    if layout is not None:
+        raise PayloadError("a ShapedArray has no layout", layout[1])
     if flags & ArrayFlags.is_ref:
         raise PayloadError("a ShapedArray has no is_ref", f"{path}.flags")
     kw = {}
