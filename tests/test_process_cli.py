@@ -33,9 +33,24 @@ def _address(proc) -> str:
 
 @pytest.fixture
 def keyfile(tmp_path):
+    # A binary key ending in a newline byte: the worker must use the file's
+    # bytes verbatim, as the controller does (it once stripped the newline,
+    # failing 1 in 256 random keys).
     path = tmp_path / "key"
-    path.write_bytes(os.urandom(32))
+    path.write_bytes(os.urandom(31) + b"\n")
     return path
+
+
+def test_authkey_file_is_read_verbatim(keyfile, tmp_path):
+    from jaxcolo.process.runtime import read_authkey
+    assert read_authkey(str(keyfile)) == keyfile.read_bytes()
+    text = tmp_path / "text-key"
+    text.write_bytes(b"secret\n\n")
+    assert read_authkey(str(text)) == b"secret\n\n"
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    with pytest.raises(SystemExit, match="empty"):
+        read_authkey(str(empty))
 
 
 def test_worker_command_serves_controllers_one_after_another(keyfile):

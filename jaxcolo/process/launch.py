@@ -61,7 +61,7 @@ class LocalWorker:
         self._ready = r
         self._buf = b""
         try:
-            self.proc.stdin.write(authkey + b"\n")
+            self.proc.stdin.write(authkey)  # verbatim, to EOF
             self.proc.stdin.close()
         except OSError:
             pass

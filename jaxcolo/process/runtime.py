@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "port 0: any free port), or unix:PATH for a "
                         "Unix-domain socket (same machine)")
     p.add_argument("--authkey-file", required=True,
-                   help="file holding the shared key ('-': read stdin)")
+                   help="file whose bytes, verbatim, are the shared key "
+                        "('-': read stdin to EOF)")
     p.add_argument("--host-index", type=int, default=0)
     p.add_argument("--num-hosts", type=int, default=1)
     p.add_argument("--coordinator", default=None,
@@ -61,9 +62,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_authkey(path: str) -> bytes:
-    data = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
-    if data.endswith(b"\n"):
-        data = data[:-1]
+    """The key: every byte of the file (or of stdin for ``-``), verbatim.
+
+    Nothing is stripped, so a binary key ending in a newline byte stays the
+    key the controller reads from the same file."""
+    if path == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
     if not data:
         raise SystemExit("jaxcolo worker: the authkey is empty")
     return data
