@@ -85,22 +85,12 @@ class FastBuilder:
 
     def PrependUOffsetTRelativeSlot(self, slot, x, d) -> None:
         if x != d:
-            buf = self.buf
-            if self.minalign < 4:
-                self.minalign = 4
-            pad = -len(buf) % 4
-            if pad:
-                buf.extend(bytes(pad))
-            buf.extend(_U32(len(buf) - x + 4))
-            self.vtable[slot] = len(buf)
+            self.PrependUOffsetTRelative(x)
+            self.vtable[slot] = len(self.buf)
 
     def EndObject(self) -> int:
         buf = self.buf
-        if self.minalign < 4:
-            self.minalign = 4
-        pad = -len(buf) % 4
-        if pad:
-            buf.extend(bytes(pad))
+        self.Prep(4, 0)
         buf.extend(b"\0\0\0\0")  # soffset placeholder
         obj = len(buf)
         vt = self.vtable
@@ -176,6 +166,15 @@ class FastBuilder:
 
     def Output(self) -> bytes:
         return bytes(self.buf[::-1])
+
+
+def offset_vector(builder, offs) -> int:
+    """The vector of offsets ``offs`` (tables or strings, in order), built
+    with any Builder (this one or flatbuffers')."""
+    builder.StartVector(4, len(offs), 4)
+    for off in reversed(offs):
+        builder.PrependUOffsetTRelative(off)
+    return builder.EndVector()
 
 
 def _make_prepend(name):

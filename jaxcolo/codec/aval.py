@@ -33,6 +33,7 @@ from jaxcolo.codec.layout import build_layout, decode_layout, layout_item
 from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.codec.sharding import intern_sharding
 from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.fastbuilder import offset_vector
 from jaxcolo.wire import layout
 
 LA = layout(fb, "ArraySpecs")
@@ -242,10 +243,7 @@ def build_arrays(writer, builder, items) -> int:
         extra_offs.append(fb.ArraySpecExtraEnd(builder))
     extras_off = 0
     if extra_offs:
-        builder.StartVector(4, len(extra_offs), 4)
-        for off in reversed(extra_offs):
-            builder.PrependUOffsetTRelative(off)
-        extras_off = builder.EndVector()
+        extras_off = offset_vector(builder, extra_offs)
     ranks = builder.CreateByteVector(bytes(len(it[0]) for it in items))
     dims = builder.CreateNumpyVector(np.fromiter(
         itertools.chain.from_iterable(it[0] for it in items), np.int64))

@@ -14,6 +14,7 @@ import numpy as np
 from jax._src.layout import Layout
 import jaxcolo_fb as fb
 from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.fastbuilder import offset_vector
 from jaxcolo.wire import layout as field_layout
 
 LL = field_layout(fb, "ArrayLayout")
@@ -66,10 +67,7 @@ def build_layout(builder, item) -> int:
             fb.LayoutTileStart(builder)
             fb.LayoutTileAddDims(builder, dims)
             offs.append(fb.LayoutTileEnd(builder))
-        builder.StartVector(4, len(offs), 4)
-        for off in reversed(offs):
-            builder.PrependUOffsetTRelative(off)
-        tiles_off = builder.EndVector()
+        tiles_off = offset_vector(builder, offs)
     m2m_off = builder.CreateNumpyVector(_array(m2m, "<u4"))
     fb.ArrayLayoutStart(builder)
     fb.ArrayLayoutAddMajorToMinor(builder, m2m_off)

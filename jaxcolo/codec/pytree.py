@@ -23,6 +23,7 @@ from jaxcolo_fb import LeafKind
 from jaxcolo_fb import NodeKind
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.fastbuilder import offset_vector
 from jaxcolo.wire import layout
 
 L = layout(fb, "PyTreeDef")
@@ -200,10 +201,7 @@ def build_treedef(builder, flat: FlatTree) -> int:
                if flat.arities else 0)
     nd = 0
     if data_offs:
-        fb.PyTreeDefStartNodeDataVector(builder, len(data_offs))
-        for off in reversed(data_offs):
-            builder.PrependUOffsetTRelative(off)
-        nd = builder.EndVector()
+        nd = offset_vector(builder, data_offs)
     fb.PyTreeDefStart(builder)
     fb.PyTreeDefAddKinds(builder, kinds)
     if arities:
@@ -218,11 +216,8 @@ def _node_data_key(d):
 
 
 def _string_vector(builder, strings) -> int:
-    offs = [builder.CreateSharedString(s) for s in strings]
-    builder.StartVector(4, len(offs), 4)
-    for off in reversed(offs):
-        builder.PrependUOffsetTRelative(off)
-    return builder.EndVector()
+    return offset_vector(builder,
+                         [builder.CreateSharedString(s) for s in strings])
 
 
 def _build_node_data(builder, d) -> int:

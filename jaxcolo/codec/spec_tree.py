@@ -21,7 +21,7 @@ from jaxcolo.codec.mesh import make_resolver
 from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
     decode_treedef, flatten_treedef, _string_vector
 from jaxcolo.errors import EncodeError, PayloadError
-from jaxcolo.fastbuilder import FastBuilder
+from jaxcolo.fastbuilder import FastBuilder, offset_vector
 from jaxcolo.wire import Buffer, layout
 
 L = layout(fb, "SpecTree")
@@ -142,11 +142,8 @@ def build_tables(writer: core.Writer, builder) -> dict:
         if codec.open is not None:  # columnar: one table for all items
             offsets[codec.field] = codec.build(writer, builder, items)
             continue
-        offs = [codec.build(writer, builder, it) for it in items]
-        builder.StartVector(4, len(offs), 4)
-        for off in reversed(offs):
-            builder.PrependUOffsetTRelative(off)
-        offsets[codec.field] = builder.EndVector()
+        offsets[codec.field] = offset_vector(
+            builder, [codec.build(writer, builder, it) for it in items])
     devices = writer.items("devices")
     if devices:
         offsets["devices"] = builder.CreateNumpyVector(

@@ -23,7 +23,7 @@ import jaxcolo_fb as fb
 from jaxcolo_fb import BufferFormat, BufferWhere, MessageKind, RootKind
 from jaxcolo import envelope, versions
 from jaxcolo.errors import PayloadError
-from jaxcolo.fastbuilder import FastBuilder
+from jaxcolo.fastbuilder import FastBuilder, offset_vector
 from jaxcolo.wire import Buffer, check_enum, enum_values, layout
 
 L = layout(fb, "Message")
@@ -103,11 +103,7 @@ def _u32(b, values) -> int:
 
 
 def _strings(b, values) -> int:
-    offs = [b.CreateString(s) for s in values]
-    b.StartVector(4, len(offs), 4)
-    for off in reversed(offs):
-        b.PrependUOffsetTRelative(off)
-    return b.EndVector()
+    return offset_vector(b, [b.CreateString(s) for s in values])
 
 
 def _build_shards(b, s: Shards) -> int:
@@ -136,10 +132,7 @@ def _build_segments(b, segments) -> int:
         fb.SegmentAddName(b, n)
         fb.SegmentAddSize(b, size)
         offs.append(fb.SegmentEnd(b))
-    b.StartVector(4, len(offs), 4)
-    for off in reversed(offs):
-        b.PrependUOffsetTRelative(off)
-    return b.EndVector()
+    return offset_vector(b, offs)
 
 
 def encode(m: Message, version: int | None = None) -> bytes:
