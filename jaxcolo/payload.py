@@ -34,6 +34,9 @@ _MALFORMED = (IndexError, KeyError, struct.error, UnicodeDecodeError,
               AssertionError, AttributeError, ValueError)
 
 
+_decode_spec_tree = spec_tree.decode_spec_tree
+
+
 def register_root(kind: int, decode: Callable) -> None:
     DECODERS[kind] = decode
 
@@ -67,6 +70,8 @@ def deserialize(data, device_resolver=None) -> Any:
         raise PayloadError(f"unknown root kind {header.root_kind}",
                            "$.header.root_kind")
     try:
+        if decode is _decode_spec_tree:  # the header is read and checked
+            return decode(data, device_resolver, header)
         return decode(data, device_resolver)
     except PayloadError:
         raise

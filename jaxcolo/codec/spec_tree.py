@@ -211,10 +211,12 @@ class _ScalarLeaves:
         return decode_prng_impl(self.impls[ref], f"$.prng_impls[{ref}]")
 
 
-def open_spec_tree(data, reader_version=None):
-    """Check the envelope; return the body Buffer and its root Table."""
-    header = envelope.read_header(data)
-    envelope.check_readable(header, reader_version)
+def open_spec_tree(data, reader_version=None, header=None):
+    """Check the envelope (unless the caller passes the ``header`` it has
+    already read and checked); return the body Buffer and its root Table."""
+    if header is None:
+        header = envelope.read_header(data)
+        envelope.check_readable(header, reader_version)
     if header.root_kind != RootKind.spec_tree:
         raise PayloadError(
             f"root kind {header.root_kind} is not a spec tree",
@@ -223,12 +225,14 @@ def open_spec_tree(data, reader_version=None):
     return header, buf, buf.root("$")
 
 
-def decode_spec_tree(data, device_resolver=None):
+def decode_spec_tree(data, device_resolver=None, header=None):
+    """The object of spec-tree payload ``data``; ``header``: its envelope
+    header, already read and checked by the caller."""
     if device_resolver is None:
         hit = memo.lookup_decoded(data)
         if hit is not None:
             return hit[0].unflatten(hit[1])
-    _, buf, root = open_spec_tree(data)
+    _, buf, root = open_spec_tree(data, header=header)
     reader = core.Reader(buf, root, L, make_resolver(device_resolver))
     structure, leaves = decode_leaves(reader)
     obj = _unflatten(structure, leaves)
