@@ -47,7 +47,19 @@ def _ok(ex, value=41):
 
 # ------------------------------------------------------------ multi-host
 
-def test_two_host_cross_host_reduction_matches_single_process(two_hosts):
+@pytest.fixture(scope="module", params=[2, 4], ids=["2hosts", "4hosts"])
+def multi_host(request):
+    """(executor, H): the module's two-host executor, or four fresh hosts
+    owning two devices each."""
+    if request.param == 2:
+        yield request.getfixturevalue("two_hosts"), 2
+        return
+    with jaxcolo.ProcessExecutor(num_hosts=4) as ex:
+        yield ex, 4
+
+
+def test_cross_host_reduction_matches_single_process(multi_host):
+    ex, hosts = multi_host
     devs = cpu_devices()
     mesh = Mesh(np.array(devs), ("x",))
     x = jax.device_put(np.arange(8 * 3, dtype=np.float32).reshape(8, 3) ** 2,
@@ -68,7 +80,7 @@ def test_two_host_cross_host_reduction_matches_single_process(two_hosts):
         return total, mean, where
 
     expected_total, expected_mean, _ = reduce(x)  # here: one process
-    with jaxcolo.use_executor(two_hosts):
+    with jaxcolo.use_executor(ex):
         f = jaxcolo.colocated_python(reduce)
         for _ in range(2):  # discovery, then a warm call
             total, mean, where = f(x)
@@ -78,23 +90,26 @@ def test_two_host_cross_host_reduction_matches_single_process(two_hosts):
                                        jax.device_get(expected_mean))
             assert total.sharding == NamedSharding(mesh, P())
             assert total.sharding.device_set == set(devs)
-            # Rows 0-3 ran in process 0, rows 4-7 in process 1, of 2.
-            assert jax.device_get(where).tolist() == [2] * 4 + [12] * 4
+            # Host h (process h of H) holds rows h*8/H .. (h+1)*8/H - 1.
+            assert jax.device_get(where).tolist() == [
+                10 * (row * hosts // 8) + hosts for row in range(8)]
     prog = jaxcolo.inspect(f.programs()[-1].payload)
     assert prog["device_ids"] == [d.id for d in devs]
 
 
-def test_single_host_calls_of_a_two_host_executor(two_hosts):
+def test_single_host_calls_of_a_multi_host_executor(multi_host):
+    ex, hosts = multi_host
     devs = cpu_devices()
 
     @jaxcolo.colocated_python
     def pid(x):
         return jax.device_put(np.int32(os.getpid()), x.sharding)
 
-    with jaxcolo.use_executor(two_hosts):
-        p0 = int(pid(put(0, devs[0])))
-        p1 = int(pid(put(0, devs[5])))
-    assert [p0, p1] == two_hosts.worker_pids()
+    per_host = 8 // hosts
+    with jaxcolo.use_executor(ex):  # the last device of each host's block
+        pids = [int(pid(put(0, devs[(h + 1) * per_host - 1])))
+                for h in range(hosts)]
+    assert pids == ex.worker_pids() and len(set(pids)) == hosts
 
 
 # ------------------------------------------------------------------ wire
@@ -222,16 +237,18 @@ def test_worker_killed_mid_call(one_host, tmp_path):
     assert one_host.stats()["restarts"] == 1
 
 
-def test_worker_killed_mid_call_two_hosts(tmp_path):
-    with jaxcolo.ProcessExecutor(num_hosts=2) as ex:
-        err, elapsed, old, log = _kill_mid_call(ex, tmp_path, cpu_devices(), 1)
-        assert f"pid {old[1]}) was lost while this call was in flight" in \
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_worker_killed_mid_call_multi_host(tmp_path, hosts):
+    with jaxcolo.ProcessExecutor(num_hosts=hosts) as ex:
+        err, elapsed, old, log = _kill_mid_call(ex, tmp_path, cpu_devices(),
+                                                hosts - 1)
+        assert f"pid {old[-1]}) was lost while this call was in flight" in \
             str(err)
         assert elapsed < 5.0
         assert _ok(ex) == 42
         new = ex.worker_pids()
-        assert new[0] != old[0] and new[1] != old[1]  # the cluster restarted
-        assert log.read_text() == "run\nrun\n"  # once per host, no retry
+        assert not set(new) & set(old)  # the whole cluster restarted
+        assert log.read_text() == "run\n" * hosts  # once per host, no retry
 
 
 def test_instances_on_a_restarted_host_fail_clearly(tmp_path):
