@@ -6,7 +6,8 @@ use of an attribute that needs them, so a CLI or worker can configure XLA
 (e.g. ``XLA_FLAGS``) first.
 """
 
-from jaxcolo.errors import EncodeError, ExecutorError, PayloadError, VersionError
+from jaxcolo.errors import EncodeError, ExecutorError, PayloadError, \
+    UnknownDeviceError, VersionError
 from jaxcolo.versions import MIN_READABLE_VERSION, SCHEMA_VERSION
 
 _LAZY = {
@@ -14,6 +15,8 @@ _LAZY = {
     "deserialize": ("jaxcolo.payload", "deserialize"),
     "inspect": ("jaxcolo.inspection", "inspect"),
     "register_effect": ("jaxcolo.codec.effects", "register_effect"),
+    "register_default_factory": ("jaxcolo.codec.pytree",
+                                 "register_default_factory"),
     "colocated_python": ("jaxcolo.colocated.function", "colocated_python"),
     "colocated_python_class": ("jaxcolo.colocated.objects",
                                "colocated_python_class"),
@@ -29,7 +32,8 @@ _LAZY = {
 __all__ = [
     "serialize", "deserialize", "inspect", "SCHEMA_VERSION",
     "MIN_READABLE_VERSION", "PayloadError", "VersionError", "EncodeError",
-    "ExecutorError", "register_effect", "colocated_python",
+    "ExecutorError", "UnknownDeviceError", "register_effect",
+    "register_default_factory", "colocated_python",
     "colocated_python_class", "colocated_cpu_devices", "Executor",
     "InlineExecutor", "ProcessExecutor", "use_executor", "get_executor",
 ]

@@ -18,6 +18,7 @@ import dataclasses
 import struct
 import zlib
 
+from jaxcolo_fb import RootKind
 from jaxcolo import versions
 from jaxcolo.errors import PayloadError, VersionError
 
@@ -28,6 +29,12 @@ FLAG_ZLIB = 0x01
 KNOWN_FLAGS = FLAG_ZLIB
 MAX_INFLATE_RATIO = 256
 MAX_BODY = 2**31 - 1  # the flatbuffer size limit
+
+
+# Root kind -> the versions.py feature that introduced it.
+_ROOT_FEATURES = {RootKind.spec_tree: "spec_tree", RootKind.program: "program",
+                  RootKind.export_bundle: "export_bundle",
+                  RootKind.hello: "hello", RootKind.message: "message"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +124,13 @@ def check_readable(header: Header, reader_version: int | None = None) -> None:
             f"inconsistent header: min_reader_version "
             f"{header.min_reader_version} vs writer_version "
             f"{header.writer_version}", "$.header.min_reader_version")
+    feature = _ROOT_FEATURES.get(header.root_kind)
+    since = versions.FEATURE_SINCE[feature] if feature else 1
+    if header.min_reader_version < since:
+        raise PayloadError(
+            f"a {feature} payload needs reader version >= {since}, but the "
+            f"header declares min_reader_version {header.min_reader_version}",
+            "$.header.min_reader_version")
     if header.min_reader_version > reader:
         raise VersionError(
             f"payload needs a reader of version >= {header.min_reader_version} "

@@ -9,6 +9,9 @@ the requested version) raise :class:`EncodeError`.
 
 from __future__ import annotations
 
+import functools
+import struct
+
 
 class PayloadError(ValueError):
     """Malformed, corrupt or unreadable payload bytes."""
@@ -24,6 +27,32 @@ class PayloadError(ValueError):
 
 class VersionError(PayloadError):
     """Readable bytes whose version this reader does not support."""
+
+
+class UnknownDeviceError(PayloadError):
+    """A well-formed payload naming a device id the resolver does not know
+    (the payload may be fine on another process)."""
+
+
+# Exceptions that mean "the bytes are malformed" if one ever escapes a
+# decoder despite its checks: reported as PayloadError, never leaked.
+MALFORMED = (IndexError, KeyError, struct.error, UnicodeDecodeError,
+             TypeError, OverflowError, RecursionError, MemoryError,
+             AssertionError, AttributeError, ValueError, StopIteration)
+
+
+def reports_malformed(fn):
+    """Decorate a decoder so that only PayloadError comes out of it."""
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PayloadError:
+            raise
+        except MALFORMED as e:
+            raise PayloadError(
+                f"malformed payload ({type(e).__name__}: {e})", "$") from None
+    return checked
 
 
 class EncodeError(ValueError):

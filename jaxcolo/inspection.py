@@ -12,7 +12,8 @@ from jaxcolo import envelope, versions
 from jaxcolo.codec import core
 from jaxcolo.codec import spec_tree
 from jaxcolo.codec.mesh import make_resolver
-from jaxcolo.errors import PayloadError
+from jaxcolo.errors import PayloadError, UnknownDeviceError, \
+    reports_malformed
 
 INSPECTORS: dict = {}  # root kind -> fn(data, header) -> dict of content
 
@@ -38,6 +39,7 @@ def readable_by(header) -> list[int]:
     return out
 
 
+@reports_malformed
 def inspect(data) -> dict:
     """Describe any jaxcolo payload, or a JAX export payload (recognised by
     the absence of jaxcolo's magic).  Raises PayloadError for bad bytes."""
@@ -65,7 +67,8 @@ def inspect(data) -> dict:
 
 def inspect_spec_tree(data, header) -> dict:
     _, buf, root = spec_tree.open_spec_tree(data, header.min_reader_version)
-    reader = core.Reader(buf, root, spec_tree.L, make_resolver(None))
+    reader = core.Reader(buf, root, spec_tree.L, make_resolver(None),
+                         declared_min_reader=header.min_reader_version)
     tables = {}
     for name, codec in core.TABLES.items():
         if codec.field in tables:
@@ -85,9 +88,7 @@ def inspect_spec_tree(data, header) -> dict:
         out["structure"] = str(treedef)
         out["num_leaves"] = len(leaves)
         out["leaves"] = [repr(x) for x in leaves[:256]]
-    except PayloadError as e:
-        if "device" not in e.reason:
-            raise
+    except UnknownDeviceError as e:
         # Payload refers to devices this process does not have: raw view.
         out["num_leaves"] = len(root.bytes(spec_tree.L.leaf_kinds, "$",
                                            "leaf_kinds") or b"")

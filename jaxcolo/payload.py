@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import struct
 from typing import Any, Callable
 
 from jaxcolo_fb import RootKind
 from jaxcolo import envelope
 from jaxcolo.codec import spec_tree
-from jaxcolo.errors import PayloadError
+from jaxcolo.errors import PayloadError, reports_malformed
 
 # root kind -> decode(data, device_resolver) -> object
 DECODERS: dict[int, Callable] = {
@@ -26,13 +25,6 @@ LAZY_ROOTS: dict[int, str] = {
 }
 ROOT_KIND_NAMES = {v: k for k, v in vars(RootKind).items()
                    if not k.startswith("_") and isinstance(v, int)}
-
-# Exceptions that mean "the bytes are malformed" when they escape a decoder
-# despite its checks; they are reported as PayloadError, never leaked.
-_MALFORMED = (IndexError, KeyError, struct.error, UnicodeDecodeError,
-              TypeError, OverflowError, RecursionError, MemoryError,
-              AssertionError, AttributeError, ValueError)
-
 
 _decode_spec_tree = spec_tree.decode_spec_tree
 
@@ -60,6 +52,7 @@ def serialize(obj: Any, version: int | None = None, *,
     return spec_tree.encode_spec_tree(obj, version, compress)
 
 
+@reports_malformed
 def deserialize(data, device_resolver=None) -> Any:
     """Decode any jaxcolo payload.  Raises PayloadError for bad bytes."""
     header = envelope.read_header(data)
@@ -69,12 +62,6 @@ def deserialize(data, device_resolver=None) -> Any:
     if decode is None:
         raise PayloadError(f"unknown root kind {header.root_kind}",
                            "$.header.root_kind")
-    try:
-        if decode is _decode_spec_tree:  # the header is read and checked
-            return decode(data, device_resolver, header)
-        return decode(data, device_resolver)
-    except PayloadError:
-        raise
-    except _MALFORMED as e:
-        raise PayloadError(
-            f"malformed payload ({type(e).__name__}: {e})", "$") from None
+    if decode is _decode_spec_tree:  # the header is read and checked
+        return decode(data, device_resolver, header)
+    return decode(data, device_resolver)

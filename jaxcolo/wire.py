@@ -86,13 +86,47 @@ def _fail(path, reason):
 
 
 class Buffer:
-    """A flatbuffer held as immutable bytes, with its size."""
+    """A flatbuffer held as immutable bytes, with its size.
 
-    __slots__ = ("data", "size")
+    Work is bounded by the size even when offsets are shared (a table or a
+    string referenced from many places, which a crafted payload can do
+    thousands of times): each string is decoded once per buffer and then
+    shared, table visits are limited to ``visits_left`` (several per table a
+    buffer of this size can hold), and decoders that parse text (symbolic
+    expressions) charge it to ``parse_left`` through :meth:`charge_parse`.
+    """
+
+    __slots__ = ("data", "size", "visits_left", "parse_left", "strs")
 
     def __init__(self, data: bytes):
         self.data = data
         self.size = len(data)
+        # A table takes >= 4 bytes, so size/4 tables at most: allow 4 visits
+        # each (decoders make one or two passes), plus slack.
+        self.visits_left = self.size + 4096
+        self.parse_left = 4 * self.size + 65536
+        self.strs: dict = {}  # string position -> decoded str
+
+    def charge_parse(self, n: int, path: str) -> None:
+        """Account for parsing ``n`` characters of text from this buffer."""
+        self.parse_left -= n
+        if self.parse_left < 0:
+            _fail(path, "text to parse is out of proportion to the payload "
+                  "size (shared or repeated strings)")
+
+    def string_at(self, s: int, path: str) -> str:
+        """The string whose length prefix is at ``s`` (checked, decoded once
+        per buffer)."""
+        out = self.strs.get(s)
+        if out is None:
+            data, size = self.data, self.size
+            if s + 4 > size:
+                _fail(path, f"offset {s} out of bounds")
+            ln = _U32(data, s)[0]
+            if s + 4 + ln > size:
+                _fail(path, f"string length {ln} exceeds the buffer")
+            out = self.strs[s] = _decode_utf8(data, s + 4, ln, path)
+        return out
 
     def root(self, path: str = "$") -> "Table":
         if self.size < 8:
@@ -101,6 +135,10 @@ class Buffer:
 
     def table_at(self, pos: int, path: str) -> "Table":
         data, size = self.data, self.size
+        self.visits_left -= 1
+        if self.visits_left < 0:
+            _fail(path, "too many table visits for the payload size (tables "
+                  "shared or referenced in a cycle)")
         if pos < 0 or pos + 4 > size:
             _fail(path, f"table offset {pos} out of bounds ({size} bytes)")
         vt = pos - _I32(data, pos)[0]
@@ -189,7 +227,7 @@ class Table:
         v = self._vector(voff, 1, path, name)
         if v is None:
             return None
-        return _decode_utf8(self.buf.data, v[0], v[1], f"{path}.{name}")
+        return self.buf.string_at(v[0] - 4, f"{path}.{name}")
 
     def bytes(self, voff: int, path: str, name: str) -> "bytes | None":
         v = self._vector(voff, 1, path, name)
@@ -217,19 +255,14 @@ class Table:
         v = self._vector(voff, 4, path, name)
         if v is None:
             return []
-        data, size = self.buf.data, self.buf.size
+        buf = self.buf
+        data, string_at, cached = buf.data, buf.string_at, buf.strs.get
         start, n = v
         out = []
         for i in range(n):
             at = start + 4 * i
             s = at + _U32(data, at)[0]
-            if s + 4 > size:
-                _fail(f"{path}.{name}[{i}]", f"offset {s} out of bounds")
-            ln = _U32(data, s)[0]
-            if s + 4 + ln > size:
-                _fail(f"{path}.{name}[{i}]",
-                      f"string length {ln} exceeds the buffer")
-            out.append(_decode_utf8(data, s + 4, ln, f"{path}.{name}[{i}]"))
+            out.append(cached(s) or string_at(s, f"{path}.{name}[{i}]"))
         return out
 
     def tables(self, voff: int, path: str, name: str) -> list:
@@ -252,6 +285,17 @@ def _decode_utf8(data: bytes, start: int, n: int, path: str) -> str:
     except UnicodeDecodeError as e:
         raise PayloadError(f"invalid UTF-8 in string ({e.reason})", path) \
             from None
+
+
+def bounded_product(values, limit: int):
+    """The product of non-negative ints ``values``, or None once it exceeds
+    ``limit`` (without building huge integers: time linear in the count)."""
+    out = 1
+    for v in values:
+        out *= v
+        if out > limit:
+            return None
+    return out
 
 
 def check_enum(value: int, valid, path: str, what: str) -> int:

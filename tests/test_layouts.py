@@ -62,6 +62,17 @@ def test_unexpressible_layout_is_refused_with_path():
         jaxcolo.serialize({"x": bad})
 
 
+def _forced_layout(item):
+    """A stand-in for aval.layout_item writing ``item`` for any layout (and
+    declaring the layout feature, as the real one does)."""
+    def layout_item(w, dll, rank, p):
+        if dll is None:
+            return None
+        w.require("layout", p)
+        return item
+    return layout_item
+
+
 @pytest.mark.parametrize("item,path,reason", [
     (((0, 0), None, 0), r"\.layout\.major_to_minor", "not a permutation"),
     (((0,), None, 0), r"\.layout\.major_to_minor", "not a permutation"),
@@ -70,8 +81,7 @@ def test_unexpressible_layout_is_refused_with_path():
 ])
 def test_malformed_layouts_are_payload_errors(monkeypatch, item, path, reason):
     """Payloads a correct writer never makes are refused, naming the field."""
-    monkeypatch.setattr(aval, "layout_item",
-                        lambda w, dll, rank, p: None if dll is None else item)
+    monkeypatch.setattr(aval, "layout_item", _forced_layout(item))
     data = jaxcolo.serialize([_sds(Layout((1, 0)))])
     monkeypatch.undo()
     with pytest.raises(jaxcolo.PayloadError,
@@ -82,9 +92,25 @@ def test_malformed_layouts_are_payload_errors(monkeypatch, item, path, reason):
 def test_layout_on_a_shaped_array_is_refused(monkeypatch):
     from jax._src import core
     monkeypatch.setattr(aval, "layout_item",
-                        lambda w, dll, rank, p: ((0, 1), None, 0))
+                        lambda w, dll, rank, p: _forced_layout(
+                            ((0, 1), None, 0))(w, True, rank, p))
     data = jaxcolo.serialize(core.ShapedArray((2, 3), np.float32))
     monkeypatch.undo()
     with pytest.raises(jaxcolo.PayloadError,
                        match=r"ShapedArray has no layout.*extras\[0\]\.layout"):
         jaxcolo.deserialize(data)
+
+
+def test_layout_under_a_header_declaring_an_older_reader_is_refused():
+    """A header claiming a v1 reader can read a payload with a layout (a v1
+    reader would drop it silently) is corrupt or forged: refused."""
+    data = bytearray(jaxcolo.serialize(_sds(Layout((1, 0))), compress=False))
+    assert data[6:8] == b"\x04\x00"  # min_reader_version 4
+    data[6:8] = b"\x01\x00"
+    with pytest.raises(jaxcolo.PayloadError, match=r"layout needs reader "
+                       r"version >= 4, but the header declares "
+                       r"min_reader_version 1 - at \$\.arrays\.extras\[0\]"
+                       r"\.layout"):
+        jaxcolo.deserialize(bytes(data))
+    ok, why = check_readable(bytes(data), 1)
+    assert not ok and "layout needs reader version >= 4" in why

@@ -32,6 +32,7 @@ from jaxcolo.codec.dtypes import intern_dtype
 from jaxcolo.codec.layout import build_layout, decode_layout, layout_item
 from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.codec.sharding import intern_sharding
+from jaxcolo.codec.symbolic import check_writable_text, make_scope, parse_shape
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector
 from jaxcolo.wire import layout
@@ -50,6 +51,7 @@ _KNOWN_FLAGS = (ArrayFlags.weak_type | ArrayFlags.is_ref | _MEMORY_BITS)
 _EMPTY_MAT = core.ManualAxisType()
 _DimExpr = shape_poly._DimExpr
 SYMBOLIC = -1
+_DIM_LIMIT = 2**63
 MAX_RANK = 255
 
 # ----------------------------------------------------------------- scopes
@@ -69,15 +71,12 @@ def _register_scope(scope) -> tuple:
     return key
 
 
-def scope_for(constraints: tuple, path: str):
-    """The live scope with these constraints, or a new one."""
+def scope_for(constraints: tuple, path: str, buf=None):
+    """The live scope with these constraints, or a new one (its parsing
+    charged to ``buf``, the wire.Buffer they were read from)."""
     scope = _SCOPES.get(constraints)
     if scope is None:
-        try:
-            scope = shape_poly.SymbolicScope(constraints)
-        except Exception as e:
-            raise PayloadError(f"invalid symbolic constraints: {e}",
-                               path) from None
+        scope = make_scope(constraints, buf, path)
         _SCOPES[constraints] = scope
     return scope
 
@@ -91,13 +90,15 @@ def build_scope(writer, builder, constraints) -> int:
 
 def decode_scope(reader, t, path):
     return scope_for(tuple(t.strings(LC.constraints, path, "constraints")),
-                     f"{path}.constraints")
+                     f"{path}.constraints", t.buf)
 
 
 # ------------------------------------------------------ manual axis types
 
-def _mat_item(mat):
-    if mat is None or mat == _EMPTY_MAT:
+def _mat_item(mat, keep_empty: bool = False):
+    """The wire form of a ManualAxisType; None for none (and for an empty
+    one unless ``keep_empty``: a ShapedArray's default)."""
+    if mat is None or (mat == _EMPTY_MAT and not keep_empty):
         return None
     return (tuple(sorted(mat.varying)), tuple(sorted(mat.unreduced)),
             tuple(sorted(mat.reduced)))
@@ -137,13 +138,18 @@ def _shape_item(writer, shape, path):
     dims, sym, scope_ref = [], [], 0
     for d in shape:
         if type(d) is int or isinstance(d, (int, np.integer)):
-            if d < 0:
-                raise EncodeError(f"negative dimension {d}", path)
+            if not 0 <= d < _DIM_LIMIT:
+                raise EncodeError(f"dimension {d} is negative or does not "
+                                  "fit in int64", path)
             dims.append(int(d))
         elif isinstance(d, _DimExpr):
             dims.append(SYMBOLIC)
-            sym.append(str(d))
+            text = str(d)
+            check_writable_text(text, path)
+            sym.append(text)
             key = _register_scope(d.scope)
+            for c in key:
+                check_writable_text(c, path + ".scope")
             ref = 1 + writer.intern("scopes", key, key)
             if scope_ref and ref != scope_ref:
                 raise EncodeError("symbolic dims from different scopes in one "
@@ -155,12 +161,12 @@ def _shape_item(writer, shape, path):
 
 
 def intern_array(writer, shape, dtype, flags, sharding_ref, mat, path,
-                 layout=None) -> int:
+                 layout=None, keep_empty_mat=False) -> int:
     """Index of the ArraySpecs entry with these parts."""
     dims, sym, scope_ref = _shape_item(writer, shape, path)
     dtype_ref = intern_dtype(writer, dtype, path + ".dtype")
     item = (dims, sym, scope_ref, dtype_ref, sharding_ref, flags,
-            _mat_item(mat),
+            _mat_item(mat, keep_empty_mat),
             layout_item(writer, layout, len(dims), path + ".layout"))
     return writer.intern("arrays", item, item)
 
@@ -184,7 +190,7 @@ def intern_sds(writer, s, path) -> int:
              (ArrayFlags.is_ref if is_ref else 0))
     return intern_array(writer, s.shape, s.dtype, flags, sharding_ref,
                         getattr(s, "manual_axis_type", None), path,
-                        getattr(s, "_dll", None))
+                        getattr(s, "_dll", None), keep_empty_mat=True)
 
 
 # Per-payload dedup key of a ShapeDtypeStruct: its stored attributes.  Equal
@@ -269,10 +275,11 @@ class ArrayColumns:
     """The checked columns of one payload's ArraySpecs table."""
 
     __slots__ = ("ranks", "starts", "dims", "dtypes", "shardings", "flags",
-                 "extras", "path")
+                 "extras", "path", "parsed")
 
     def __init__(self, t, path):
         self.path = path
+        self.parsed = {}  # (symbolic dim text, scope ref) -> _DimExpr
         if t is None:
             self.ranks = self.dims = self.dtypes = self.shardings = ()
             self.flags, self.starts, self.extras = b"", (), {}
@@ -320,18 +327,25 @@ def _decode_shape(reader, cols, i, extra, path):
                 raise PayloadError(f"negative dimension {d}",
                                    f"{cols.path}.dims[{cols.starts[i] + k}]")
             n_sym += 1
-    if not n_sym:
-        return dims
     if extra is None:
-        raise PayloadError(f"{n_sym} symbolic dims but no extras entry", path)
+        if n_sym:
+            raise PayloadError(f"{n_sym} symbolic dims but no extras entry",
+                               path)
+        return dims
     x, xpath = extra
     sym = x.strings(LX.symbolic_dims, xpath, "symbolic_dims")
+    scope_ref = x.scalar(LX.scope, "u32", 0, xpath, "scope")
     if len(sym) != n_sym:
         raise PayloadError(f"{len(sym)} symbolic dims for {n_sym} markers",
                            f"{xpath}.symbolic_dims")
-    scope_ref = x.scalar(LX.scope, "u32", 0, xpath, "scope")
-    scope = (reader.get("scopes", scope_ref - 1, f"{xpath}.scope")
-             if scope_ref else scope_for((), xpath))
+    if not n_sym:
+        if scope_ref:
+            raise PayloadError("a scope without symbolic dims",
+                               f"{xpath}.scope")
+        return dims
+    if not scope_ref:
+        raise PayloadError("symbolic dims without a scope", f"{xpath}.scope")
+    scope = reader.get("scopes", scope_ref - 1, f"{xpath}.scope")
     it = iter(sym)
     shape = []
     for d in dims:
@@ -339,15 +353,15 @@ def _decode_shape(reader, cols, i, extra, path):
             shape.append(d)
             continue
         text = next(it)
-        try:
-            parsed = shape_poly.symbolic_shape(text, scope=scope)
-        except Exception as e:  # syntax errors, absurd nesting
-            raise PayloadError(f"invalid symbolic dim {text!r}: {e}",
-                               f"{xpath}.symbolic_dims") from None
-        if len(parsed) != 1:
-            raise PayloadError(f"{text!r} is not one dimension",
-                               f"{xpath}.symbolic_dims")
-        shape.append(parsed[0])
+        key = (text, scope_ref)
+        dim = cols.parsed.get(key)
+        if dim is None:
+            parsed = parse_shape(text, scope, x.buf, f"{xpath}.symbolic_dims")
+            if len(parsed) != 1 or not isinstance(parsed[0], _DimExpr):
+                raise PayloadError(f"{text[:200]!r} is not one symbolic "
+                                   "dimension", f"{xpath}.symbolic_dims")
+            dim = cols.parsed[key] = parsed[0]
+        shape.append(dim)
     return tuple(shape)
 
 
@@ -368,6 +382,7 @@ def _decode_parts(reader, cols, i, path):
                           f"{xpath}.manual_axis_type")
         t = x.table(LX.layout, xpath, "layout")
         if t is not None:
+            reader.check_declared("layout", f"{xpath}.layout")
             layout = (t, f"{xpath}.layout")
     return shape, dtype, flags, cols.shardings[i], mat, layout
 

@@ -164,8 +164,11 @@ class Reader:
     """State of one payload being decoded: memoized unique-table entries."""
 
     def __init__(self, buf: Buffer, root: Table, layout, resolver,
-                 root_path: str = "$"):
+                 root_path: str = "$", declared_min_reader: int | None = None):
         self.buf = buf
+        # The header's min_reader_version: the body may use no feature newer
+        # than that (checked by check_declared where a feature is decoded).
+        self.declared_min_reader = declared_min_reader
         self.root = root
         self.layout = layout
         self.resolver = resolver
@@ -173,6 +176,17 @@ class Reader:
         self._positions: dict[str, list] = {}  # table name -> entry positions
         self._columns: dict[str, Any] = {}     # field -> opened columns
         self._memo: dict[str, list] = {}       # table name -> decoded entries
+
+    def check_declared(self, feature: str, path: str) -> None:
+        """PayloadError if the body uses ``feature`` but the header claims an
+        older reader can read it (a corrupt or forged header, which would
+        make that reader drop the feature silently)."""
+        since = versions.FEATURE_SINCE[feature]
+        declared = self.declared_min_reader
+        if declared is not None and since > declared:
+            raise PayloadError(
+                f"{feature} needs reader version >= {since}, but the header "
+                f"declares min_reader_version {declared}", path)
 
     def _open(self, table: str) -> list:
         codec = TABLES[table]

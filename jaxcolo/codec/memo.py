@@ -87,10 +87,13 @@ def remember_decoded(data, treedef, leaves) -> None:
         DECODED.put(bytes(data), (treedef, tuple(leaves)))
 
 
-def encode_key(version: int, treedef, leaves):
+def encode_key(version, treedef_key, leaves):
+    """Key of an encode: ``treedef_key`` (pytree.treedef_key: the treedef
+    and its repr, since equal treedefs may differ in key types) and the
+    leaves' identities."""
     if not _enabled:
         return None
-    return (version, treedef, tuple(map(id, leaves)))
+    return (version, treedef_key, tuple(map(id, leaves)))
 
 
 def lookup_encoded(key, leaves):

@@ -8,7 +8,6 @@ resolver does not know is a PayloadError naming the id.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import jax
@@ -21,8 +20,8 @@ import jaxcolo_fb as fb
 from jaxcolo_fb import LeafKind
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.pytree import _string_vector
-from jaxcolo.errors import EncodeError, PayloadError
-from jaxcolo.wire import layout
+from jaxcolo.errors import EncodeError, PayloadError, UnknownDeviceError
+from jaxcolo.wire import bounded_product, layout
 
 LM = layout(fb, "Mesh")
 LA = layout(fb, "AbstractMesh")
@@ -34,7 +33,7 @@ _AXIS_TO_FB = {AxisType.Auto: FbAxisType.Auto,
                AxisType.Explicit: FbAxisType.Explicit,
                AxisType.Manual: FbAxisType.Manual}
 _FB_TO_AXIS = {v: k for k, v in _AXIS_TO_FB.items()}
-MAX_MESH_DEVICES = 1 << 24
+MAX_ABSTRACT_MESH_SIZE = 1 << 48  # devices an AbstractMesh may describe
 
 
 # ---------------------------------------------------------------- resolver
@@ -49,7 +48,7 @@ class Resolver:
     def device(self, device_id: int, path: str):
         d = self._lookup(device_id)
         if d is None:
-            raise PayloadError(
+            raise UnknownDeviceError(
                 f"unknown device id {device_id}: the device resolver has no "
                 "such device", path)
         return d
@@ -60,7 +59,7 @@ class Resolver:
         for i in ids:
             d = look(i)
             if d is None:
-                raise PayloadError(
+                raise UnknownDeviceError(
                     f"unknown device id {i}: the device resolver has no such "
                     "device", path)
             out.append(d)
@@ -179,7 +178,7 @@ def _read_axis_types(t, voff, n, path):
 def _read_axis_names(t, voff, path):
     names = tuple(t.strings(voff, path, "axis_names"))
     if len(set(names)) != len(names):
-        raise PayloadError(f"duplicate axis names {names}", f"{path}.axis_names")
+        raise PayloadError(f"duplicate axis names {_short(names)}", f"{path}.axis_names")
     return names
 
 
@@ -205,6 +204,13 @@ def build_mesh(writer, builder, item) -> int:
     return fb.MeshEnd(builder)
 
 
+def _short(values: tuple) -> str:
+    """``values`` for an error message, cut after 8 entries."""
+    if len(values) <= 8:
+        return repr(tuple(values))
+    return f"({', '.join(map(repr, values[:8]))}, ... {len(values)} in all)"
+
+
 _MESH_CACHE: dict = {}
 _CACHE_MAX = 512
 
@@ -224,11 +230,11 @@ def decode_mesh(reader, t, path):
         raise PayloadError(f"{len(sizes)} axis sizes for {len(names)} names",
                            f"{path}.axis_sizes")
     if not sizes or min(sizes) < 1:
-        raise PayloadError(f"mesh axis sizes {sizes} must be >= 1",
+        raise PayloadError(f"mesh axis sizes {_short(sizes)} must be >= 1",
                            f"{path}.axis_sizes")
-    if math.prod(sizes) != len(ids):
+    if bounded_product(sizes, len(ids)) != len(ids):
         raise PayloadError(
-            f"axis sizes {sizes} do not match {len(ids)} device ids",
+            f"axis sizes {_short(sizes)} do not match {len(ids)} device ids",
             f"{path}.device_ids")
     if len(set(ids)) != len(ids):
         raise PayloadError("duplicate device ids in mesh", f"{path}.device_ids")
@@ -256,7 +262,8 @@ def intern_mesh(writer, mesh, path) -> int:
 
 def _build_abstract_device(builder, dev) -> int:
     kind = builder.CreateSharedString(dev.device_kind)
-    platform = builder.CreateSharedString(dev.platform) if dev.platform else 0
+    platform = (builder.CreateSharedString(dev.platform)
+                if dev.platform is not None else 0)
     fb.AbstractDeviceStart(builder)
     fb.AbstractDeviceAddDeviceKind(builder, kind)
     if dev.num_cores is not None:
@@ -271,7 +278,8 @@ def _decode_abstract_device(t, path):
     if kind is None:
         raise PayloadError("device_kind missing", f"{path}.device_kind")
     num_cores = t.scalar(LD.num_cores, "i32", None, path, "num_cores")
-    platform = t.string(LD.platform, path, "platform") or ""
+    # Absent means None (writers before this one also left out "").
+    platform = t.string(LD.platform, path, "platform")
     return jmesh.AbstractDevice(kind, num_cores, platform)
 
 
@@ -299,7 +307,11 @@ def decode_abstract_mesh(reader, t, path):
         raise PayloadError(f"{len(sizes)} axis sizes for {len(names)} names",
                            f"{path}.axis_sizes")
     if any(s < 1 for s in sizes):
-        raise PayloadError(f"mesh axis sizes {sizes} must be >= 1",
+        raise PayloadError(f"mesh axis sizes {_short(sizes)} must be >= 1",
+                           f"{path}.axis_sizes")
+    if bounded_product(sizes, MAX_ABSTRACT_MESH_SIZE) is None:
+        raise PayloadError(f"abstract mesh of more than "
+                           f"{MAX_ABSTRACT_MESH_SIZE} devices",
                            f"{path}.axis_sizes")
     dev_t = t.table(LA.abstract_device, path, "abstract_device")
     dev = (_decode_abstract_device(dev_t, f"{path}.abstract_device")
@@ -312,6 +324,11 @@ def decode_abstract_mesh(reader, t, path):
 
 def intern_abstract_mesh(writer, am, path) -> int:
     writer.require("mesh", path)
+    if any(not 1 <= s <= MAX_DEVICE_ID for s in am.axis_sizes) or \
+            bounded_product(am.axis_sizes, MAX_ABSTRACT_MESH_SIZE) is None:
+        raise EncodeError(f"abstract mesh axis sizes {am.axis_sizes} must be "
+                          f"in 1..{MAX_DEVICE_ID} with a product of at most "
+                          f"{MAX_ABSTRACT_MESH_SIZE}", path + ".axis_sizes")
     return writer.intern_obj("abstract_meshes", am, lambda m: m)
 
 

@@ -9,19 +9,25 @@ serialization (jaxcolo writes exactly that canonical form).
 
 from __future__ import annotations
 
-import math
-
 from jax._src.lib import xla_client as xc
 
-from jaxcolo.errors import PayloadError
+from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.wire import bounded_product
 
 T = xc.OpSharding.Type
 MAX_TILES = 1 << 20
 
 
-def canonical(hlo) -> bytes:
-    """Canonical OpSharding bytes of an HloSharding (what jaxcolo writes)."""
-    return _clean(hlo.to_proto()).SerializeToString()
+def canonical(hlo, path: str = "$") -> bytes:
+    """Canonical OpSharding bytes of an HloSharding (what jaxcolo writes);
+    EncodeError unless a reader accepts them."""
+    clean = _clean(hlo.to_proto())
+    try:
+        _check(clean, path)
+    except PayloadError as e:
+        raise EncodeError(f"HloSharding {hlo} is not supported: {e.reason}",
+                          path) from None
+    return clean.SerializeToString()
 
 
 def _clean(op):
@@ -32,7 +38,8 @@ def _clean(op):
     clean.iota_reshape_dims = list(op.iota_reshape_dims)
     clean.iota_transpose_perm = list(op.iota_transpose_perm)
     clean.replicate_on_last_tile_dim = op.replicate_on_last_tile_dim
-    clean.last_tile_dims = list(op.last_tile_dims)
+    # The repeated enum reads back as ints but only takes enum members.
+    clean.last_tile_dims = [T(t) for t in op.last_tile_dims]
     return clean
 
 
@@ -56,9 +63,10 @@ def _check(op, path: str) -> None:
         return
     if kind != T.OTHER:
         raise PayloadError(f"unsupported OpSharding type {kind}", path)
-    if not dims or any(d < 1 for d in dims) or math.prod(dims) > MAX_TILES:
-        raise PayloadError(f"bad tile assignment dimensions {dims}", path)
-    n = math.prod(dims)
+    n = bounded_product(dims, MAX_TILES)
+    if not dims or any(d < 1 for d in dims) or n is None:
+        raise PayloadError(f"bad tile assignment dimensions {dims[:16]}",
+                           path)
     if devs:
         if iota or perm:
             raise PayloadError("both device list and iota tile assignment",
@@ -68,8 +76,10 @@ def _check(op, path: str) -> None:
                 f"tile assignment devices must be a permutation of 0..{n - 1}",
                 path)
     else:
-        if not iota or any(d < 1 for d in iota) or math.prod(iota) != n:
-            raise PayloadError(f"iota dims {iota} do not cover {n} tiles", path)
+        if not iota or any(d < 1 for d in iota) or \
+                bounded_product(iota, n) != n:
+            raise PayloadError(f"iota dims {iota[:16]} do not cover {n} "
+                               "tiles", path)
         if sorted(perm) != list(range(len(iota))):
             raise PayloadError(f"iota transpose {perm} is not a permutation",
                                path)

@@ -81,6 +81,8 @@ def _keys(keys, path):
     if all(type(k) is str for k in keys):
         return KeyKind.str if keys else KeyKind.none, list(keys)
     if all(type(k) is int for k in keys):
+        if not all(-2**63 <= k < 2**63 for k in keys):
+            raise EncodeError("int dict keys must fit in int64", path)
         return KeyKind.int, list(keys)
     raise EncodeError(
         f"dict keys must all be str or all be int to serialize, got "
@@ -153,14 +155,38 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
         _flatten_node(c, out, path, depth + 1)
 
 
+# defaultdict default_factory name -> callable.  Only these are written and
+# read: a payload naming any other callable is refused, because the decoded
+# defaultdict would call it on every missing key.
+_DEFAULT_FACTORIES: dict = {}
+
+
+def register_default_factory(factory) -> None:
+    """Allow defaultdicts with ``default_factory=factory`` (a named,
+    module-level callable) in payloads, written and read by its
+    ``module:qualname``.  Built-in containers and scalars are allowed
+    already; register other factories in writer and reader alike."""
+    name = _qualified(factory) if hasattr(factory, "__qualname__") else None
+    if name is None or _resolve_imported(name) is not factory:
+        raise ValueError(f"default_factory {factory!r} must be a named "
+                         "module-level callable")
+    _DEFAULT_FACTORIES[name] = factory
+
+
+for _factory in (list, dict, set, frozenset, tuple, int, float, complex, str,
+                 bytes, bool, collections.OrderedDict, collections.Counter,
+                 collections.deque, collections.defaultdict):
+    register_default_factory(_factory)
+
+
 def _factory_name(factory, path) -> str:
     if factory is None:
         return ""
     name = _qualified(factory) if hasattr(factory, "__qualname__") else None
-    if name is None or _resolve_imported(name) is not factory:
+    if name is None or _DEFAULT_FACTORIES.get(name) is not factory:
         raise EncodeError(
-            f"defaultdict default_factory {factory!r} must be a named "
-            "module-level callable", path)
+            f"defaultdict default_factory {factory!r} is not registered "
+            "(jaxcolo.register_default_factory)", path)
     return name
 
 
@@ -168,10 +194,20 @@ _FLAT_CACHE: dict = {}
 _FLAT_CACHE_MAX = 1024
 
 
-def flatten_treedef(td, path: str = "$") -> FlatTree:
-    """The preorder arrays of ``td`` (memoized: treedefs repeat in practice)."""
+def treedef_key(td):
+    """A cache key of ``td`` that tells apart treedefs which compare equal
+    but encode differently: ``{1: x}`` == ``{True: x}`` == ``{1.0: x}``, and
+    a StrEnum key equals its str; their reprs differ."""
+    return td, str(td)
+
+
+def flatten_treedef(td, path: str = "$", key=None) -> FlatTree:
+    """The preorder arrays of ``td`` (memoized: treedefs repeat in practice;
+    ``key``: its treedef_key, if the caller has it)."""
+    if key is None:
+        key = treedef_key(td)
     try:
-        hit = _FLAT_CACHE.get(td)
+        hit = _FLAT_CACHE.get(key)
     except TypeError:  # auxdata not hashable
         hit = None
     if hit is not None:
@@ -181,7 +217,7 @@ def flatten_treedef(td, path: str = "$") -> FlatTree:
     try:
         if len(_FLAT_CACHE) >= _FLAT_CACHE_MAX:
             _FLAT_CACHE.clear()
-        _FLAT_CACHE[td] = out
+        _FLAT_CACHE[key] = out
     except TypeError:
         pass
     return out
@@ -359,10 +395,11 @@ def _node_with_data(kind, t, children, path):
         fname = t.string(LD.name, path, "name") or ""
         factory = None
         if fname:
-            factory = _resolve_imported(fname)
-            if factory is None or not callable(factory):
+            factory = _DEFAULT_FACTORIES.get(fname)
+            if factory is None:
                 raise PayloadError(
-                    f"defaultdict factory {fname!r} is not available",
+                    f"defaultdict default_factory {fname[:200]!r} is not "
+                    "registered here (jaxcolo.register_default_factory)",
                     f"{path}.name")
         return _make(_REGISTRY, (collections.defaultdict, (factory, tuple(keys))),
                      children)

@@ -137,10 +137,6 @@ def intern_partition_spec(writer, spec, path) -> int:
 
 # -------------------------------------------------------------- hlo sharding
 
-def _hlo_bytes(hlo) -> bytes:
-    return opsharding.canonical(hlo)
-
-
 def build_hlo_sharding(writer, builder, blob) -> int:
     off = builder.CreateByteVector(blob)
     fb.HloShardingStart(builder)
@@ -155,7 +151,7 @@ def decode_hlo_sharding(reader, t, path):
 
 def intern_hlo_sharding(writer, hlo, path) -> int:
     writer.require("hlo_sharding", path)
-    blob = _hlo_bytes(hlo)
+    blob = opsharding.canonical(hlo, path)
     return writer.intern("hlo_shardings", blob, blob)
 
 

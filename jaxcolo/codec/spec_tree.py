@@ -19,7 +19,7 @@ from jaxcolo.codec import core, memo
 from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
 from jaxcolo.codec.mesh import make_resolver
 from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
-    decode_treedef, flatten_treedef, _string_vector
+    decode_treedef, flatten_treedef, treedef_key, _string_vector
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import FastBuilder, offset_vector
 from jaxcolo.wire import Buffer, layout
@@ -41,14 +41,17 @@ SPEC_LEAF_TYPES.add(PRNGImpl)
 
 
 def _flatten(obj):
+    """(leaves, treedef, its FlatTree, its treedef_key)."""
     leaves, treedef = jtu.tree_flatten(obj)
+    key = treedef_key(treedef)
     try:
-        flat = flatten_treedef(treedef)
+        flat = flatten_treedef(treedef, key=key)
     except SpecLeafAsNode:
         # PRNGImpl is a NamedTuple pytree node; as a spec it is a leaf.
         leaves, treedef = jtu.tree_flatten(obj, is_leaf=_is_prng_impl)
-        flat = flatten_treedef(treedef)
-    return leaves, treedef, flat
+        key = treedef_key(treedef)
+        flat = flatten_treedef(treedef, key=key)
+    return leaves, treedef, flat, key
 
 
 def _leaf_path(obj, i: int) -> str:
@@ -157,9 +160,9 @@ def build_tables(writer: core.Writer, builder) -> dict:
 def encode_spec_tree(obj, version: int | None = None,
                      compress: bool = True) -> bytes:
     version = versions.check_writable(version)
-    leaves, treedef, flat = _flatten(obj)
+    leaves, treedef, flat, td_key = _flatten(obj)
     try:
-        key = memo.encode_key((version, compress), treedef, leaves)
+        key = memo.encode_key((version, compress), td_key, leaves)
         hit = memo.lookup_encoded(key, leaves)
     except TypeError:  # unhashable node data: not memoized
         key = hit = None
@@ -232,8 +235,9 @@ def decode_spec_tree(data, device_resolver=None, header=None):
         hit = memo.lookup_decoded(data)
         if hit is not None:
             return hit[0].unflatten(hit[1])
-    _, buf, root = open_spec_tree(data, header=header)
-    reader = core.Reader(buf, root, L, make_resolver(device_resolver))
+    header, buf, root = open_spec_tree(data, header=header)
+    reader = core.Reader(buf, root, L, make_resolver(device_resolver),
+                         declared_min_reader=header.min_reader_version)
     structure, leaves = decode_leaves(reader)
     obj = _unflatten(structure, leaves)
     if device_resolver is None and not root.vector_length(

@@ -175,7 +175,7 @@ def read_program(data, reader_version: int | None = None) -> RawProgram:
     if header.root_kind != RootKind.program:
         raise PayloadError(f"root kind {header.root_kind} is not a program",
                            "$.header.root_kind")
-    buf = Buffer(bytes(data[envelope.HEADER_SIZE:]))
+    buf = Buffer(envelope.open_body(data, header))
     root = buf.root("$")
     name = root.string(L.name, "$", "name")
     if not name:

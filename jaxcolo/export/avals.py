@@ -13,6 +13,7 @@ from jax._src.export import shape_poly
 
 import jaxcolo_jax_export_fb as fb
 from jaxcolo.codec.dtypes import describe, dtype_of_kind
+from jaxcolo.codec.symbolic import check_writable_text, parse_shape
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.export.layouts import AVAL as L
 from jaxcolo.wire import _U32
@@ -49,8 +50,10 @@ def dtype_kind(dtype, row, path: str) -> int:
 
 def encode_aval(builder, aval, row, path: str = "$") -> int:
     """Build one AbstractValue table the way JAX's writer of ``row`` does."""
-    shape_off = builder.offset_vector(
-        [builder.CreateString(str(d)) for d in aval.shape])
+    dims = [str(d) for d in aval.shape]
+    for text in dims:
+        check_writable_text(text, f"{path}.shape")
+    shape_off = builder.offset_vector([builder.CreateString(t) for t in dims])
     kind = dtype_kind(aval.dtype, row, path)
     mem = _MEM_TO_FB.get(aval.memory_space)
     if mem is None:
@@ -146,11 +149,7 @@ class AvalReader:
                                f"{path}.shape") from None
         if self.scope is None:
             self.scope = shape_poly.SymbolicScope(())
-        try:
-            shape = shape_poly.symbolic_shape(text, scope=self.scope)
-        except Exception as e:  # syntax errors, absurd nesting
-            raise PayloadError(f"invalid shape {text!r}: {e}",
-                               f"{path}.shape") from None
+        shape = parse_shape(text, self.scope, self.buf, f"{path}.shape")
         if len(shape) != len(dims):
             raise PayloadError(f"shape {text!r} does not have {len(dims)} "
                                "dimensions", f"{path}.shape")

@@ -66,7 +66,7 @@ def open_bundle(data, reader_version=None):
     if header.root_kind != RootKind.export_bundle:
         raise PayloadError(f"root kind {header.root_kind} is not an export "
                            "bundle", "$.header.root_kind")
-    buf = Buffer(bytes(data[envelope.HEADER_SIZE:]))
+    buf = Buffer(envelope.open_body(data, header))
     root = buf.root("$")
     exported = root.bytes(L.exported, "$", "exported")
     if exported is None:

@@ -12,12 +12,10 @@ eagerly (so a corrupt one fails now, not at the first ``exp.vjp()``).
 
 from __future__ import annotations
 
-import struct
-
 from jax._src import core
 from jax._src.export import _export as jexport
 
-from jaxcolo.errors import PayloadError
+from jaxcolo.errors import PayloadError, reports_malformed
 from jaxcolo.export.avals import AvalReader
 from jaxcolo.export.effects import decode_check, decode_effect
 from jaxcolo.export.layouts import EXPORTED as L
@@ -28,13 +26,6 @@ from jaxcolo.wire import Buffer
 
 MAX_VJP_DEPTH = 64
 
-# Exceptions that mean "malformed bytes" if they ever escape the checks
-# above them; reported as PayloadError, never leaked.
-_MALFORMED = (IndexError, KeyError, struct.error, UnicodeDecodeError,
-              TypeError, OverflowError, RecursionError, MemoryError,
-              AssertionError, AttributeError, ValueError, StopIteration)
-
-
 def as_buffer(data) -> Buffer:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PayloadError(
@@ -42,6 +33,7 @@ def as_buffer(data) -> Buffer:
     return Buffer(bytes(data))
 
 
+@reports_malformed
 def deserialize(data) -> jexport.Exported:
     """Decode a JAX export payload (``Exported.serialize()`` bytes).
 
@@ -50,13 +42,7 @@ def deserialize(data) -> jexport.Exported:
     StableHLO: only deserialize payloads you trust to run.
     """
     buf = as_buffer(data)
-    try:
-        return _exported(buf, buf.root("$"), "$", 0)
-    except PayloadError:
-        raise
-    except _MALFORMED as e:
-        raise PayloadError(
-            f"malformed payload ({type(e).__name__}: {e})", "$") from None
+    return _exported(buf, buf.root("$"), "$", 0)
 
 
 def _exported(buf, t, path, depth):

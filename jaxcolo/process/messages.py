@@ -22,7 +22,7 @@ import numpy as np
 import jaxcolo_fb as fb
 from jaxcolo_fb import BufferFormat, BufferWhere, MessageKind, RootKind
 from jaxcolo import envelope, versions
-from jaxcolo.errors import PayloadError
+from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import FastBuilder, offset_vector
 from jaxcolo.wire import Buffer, check_enum, enum_values, layout
 
@@ -273,7 +273,7 @@ def decode(data, reader_version: int | None = None) -> Message:
     m = _decode_body(body)
     if m.kind in _TEMPLATE_KINDS and m.call_id and \
             _template_key(m, header.writer_version) is not None:
-        _learn(body, key, m)
+        _learn(body, key, m, header.writer_version)
     return m
 
 
@@ -309,6 +309,8 @@ def _decode_body(body) -> Message:
         if len(values) != len(names):
             raise PayloadError(f"{len(values)} stat values for {len(names)} "
                                "names", "$.stat_values")
+        if len(set(names)) != len(names):
+            raise PayloadError("duplicate stat names", "$.stat_names")
         m.stats = dict(zip(names, values))
     m.token = root.bytes(L.token, "$", "token")
     m.heartbeat_ms = root.scalar(L.heartbeat_ms, "u32", 0, "$", "heartbeat_ms")
@@ -470,7 +472,16 @@ def _make_template(m: Message, version, key):
     return t
 
 
-def _learn(body, key, m: Message) -> None:
+def _learn(body, key, m: Message, version: int) -> None:
+    """Keep ``body`` (fully decoded as ``m``) as a decoder template, if it is
+    exactly what this encoder writes for ``m``: then the masked regions
+    (call id, lane, data) are separate fields and overlap nothing else."""
+    try:
+        canonical = _encode(m, version)
+    except EncodeError:
+        return
+    if canonical[envelope.HEADER_SIZE:] != bytes(body):
+        return
     t = _Template(body, None, m)
     masked = bytearray(body)
     masked[t.call:t.call + 8] = _ZERO8
