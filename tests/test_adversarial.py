@@ -272,6 +272,28 @@ def test_equal_treedefs_with_other_key_types_are_not_confused():
         jaxcolo.serialize({Color.RED: x})
 
 
+def test_partition_spec_sharding_without_a_mesh_is_an_encode_error():
+    s = jax.ShapeDtypeStruct((8,), np.float32,
+                             sharding=jax.sharding.PartitionSpec("x"))
+    with pytest.raises(jaxcolo.EncodeError, match=r"context mesh cannot be "
+                       r"empty.* - at \$\[0\]\.sharding"):
+        jaxcolo.serialize([s])
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+    with jax.set_mesh(mesh):
+        assert jaxcolo.deserialize(jaxcolo.serialize([s]))[0].sharding == \
+            jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+
+
+def test_segment_announcements_are_checked():
+    for name, size in (("jaxcolo-a\x00b", 8), ("../etc/passwd", 8),
+                       ("jaxcolo-ok", 2**64 - 1), ("jaxcolo-ok", 0)):
+        m = M.Message(MessageKind.result, call_id=1,
+                      segments=[(1, name, size)])
+        with pytest.raises(jaxcolo.PayloadError,
+                           match=r"invalid segment .* - at \$\.segments\[0\]"):
+            M.decode(M._encode(m))
+
+
 def test_out_of_range_numbers_are_encode_errors():
     with pytest.raises(jaxcolo.EncodeError, match="does not fit in int64"):
         jaxcolo.serialize(jax.ShapeDtypeStruct((2**63,), np.int8))

@@ -177,7 +177,11 @@ def intern_sds(writer, s, path) -> int:
     share one index through the table's own interning.)"""
     if "aval" not in writer.required:
         writer.require("aval", path)
-    sharding = s.sharding
+    try:
+        sharding = s.sharding
+    except (TypeError, ValueError) as e:  # a PartitionSpec with no mesh set
+        raise EncodeError(f"ShapeDtypeStruct sharding: {e}",
+                          path + ".sharding") from None
     sharding_ref = 0
     if sharding is not None:
         if not isinstance(sharding, jax.sharding.Sharding):

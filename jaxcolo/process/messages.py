@@ -15,6 +15,7 @@ exception object of a failed call, which only the controller loads.
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
 
 import numpy as np
@@ -249,12 +250,21 @@ def _read_segments(root) -> list:
         path = f"$.segments[{i}]"
         t = root.buf.table_at(pos, path)
         name = t.string(LG.name, path, "name")
-        if not name or "/" in name or name.startswith("."):
-            raise PayloadError(f"invalid segment name {name!r}",
+        if name is None or not _SEGMENT_NAME.fullmatch(name):
+            raise PayloadError(f"invalid segment name {name!r:.80}",
                                f"{path}.name")
-        out.append((t.scalar(LG.id, "i64", 0, path, "id"), name,
-                    t.scalar(LG.size, "i64", 0, path, "size")))
+        sid = t.scalar(LG.id, "i64", 0, path, "id")
+        size = t.scalar(LG.size, "i64", 0, path, "size")
+        if sid < 0 or not 0 < size <= MAX_SEGMENT:
+            raise PayloadError(f"invalid segment id {sid} or size {size}",
+                               path)
+        out.append((sid, name, size))
     return out
+
+
+# What blobs.SegmentPool names its segments (a file name under /dev/shm).
+_SEGMENT_NAME = re.compile(r"jaxcolo-[0-9A-Za-z_-]{1,200}")
+MAX_SEGMENT = 1 << 46
 
 
 def decode(data, reader_version: int | None = None) -> Message:
