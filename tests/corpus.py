@@ -124,6 +124,8 @@ def avals():
            jax.ShapeDtypeStruct((4,), np.dtypes.StringDType()),
            jax.ShapeDtypeStruct((3,), jax.random.key(0).dtype),
            jax.ShapeDtypeStruct((5,), np.float32, is_ref=True),
+           jax.ShapeDtypeStruct((5,), np.float32,
+                                manual_axis_type=core.ManualAxisType()),
            *layouts(s),
            core.ShapedArray((2, 3), np.float32),
            core.ShapedArray((2, 3), np.float32, weak_type=True),
@@ -181,7 +183,22 @@ def misc():
         NamedSharding(Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y")),
                       P("x"))._to_xla_hlo_sharding(2),
         jmesh.AbstractMesh((2, 4), ("x", "y")),
+        jmesh.AbstractMesh((2,), ("x",), abstract_device=jmesh.AbstractDevice(
+            "cpu", None, None)),
+        _manual_subgroup_sharding(),
     ] + ALL_DTYPES
+
+
+def _manual_subgroup_sharding():
+    """An HloSharding with last_tile_dims (shard_map's manual subgroups)."""
+    from jax._src.lib import xla_client as xc
+    op = xc.OpSharding()
+    op.type = xc.OpSharding.Type.OTHER
+    op.tile_assignment_dimensions = [2, 2, 2]
+    op.iota_reshape_dims = [8]
+    op.iota_transpose_perm = [0]
+    op.last_tile_dims = [xc.OpSharding.Type.MANUAL]
+    return xc.HloSharding.from_proto(op)
 
 
 def everything():
