@@ -27,16 +27,17 @@ _I16 = struct.Struct("<h").unpack_from
 _I32 = struct.Struct("<i").unpack_from
 _U32 = struct.Struct("<I").unpack_from
 _I64 = struct.Struct("<q").unpack_from
+_U64 = struct.Struct("<Q").unpack_from
 
 _SCALARS = {
     # name: (unpack_from, width)
     "u8": (_U8, 1), "bool": (_U8, 1), "u16": (_U16, 2), "i16": (_I16, 2),
-    "i32": (_I32, 4), "u32": (_U32, 4), "i64": (_I64, 8),
+    "i32": (_I32, 4), "u32": (_U32, 4), "i64": (_I64, 8), "u64": (_U64, 8),
 }
 
 _VECTOR_CODES = {  # name: (struct code, width) of vector elements
     "u8": ("B", 1), "bool": ("B", 1), "u16": ("H", 2), "i16": ("h", 2),
-    "i32": ("i", 4), "u32": ("I", 4), "i64": ("q", 8),
+    "i32": ("i", 4), "u32": ("I", 4), "i64": ("q", 8), "u64": ("Q", 8),
 }
 
 _NP_LE = {

@@ -35,7 +35,7 @@ class _Loaded:
     """A decoded program and what running it needs."""
 
     __slots__ = ("program", "n_in", "in_treedef", "out_treedef", "out_leaves", "body_key",
-                 "fn", "lock", "checked_inputs", "seen_avals",
+                 "fn", "lock", "seen_avals",
                  "seen_shardings")
 
     def __init__(self, program):
@@ -52,7 +52,6 @@ class _Loaded:
         self.body_key = hashlib.blake2b(program.body, digest_size=16).digest()
         self.fn = None
         self.lock = threading.Lock()
-        self.checked_inputs = False
 
 
 class _Instance:
@@ -231,13 +230,13 @@ class InlineExecutor(Executor):
         if len(args) != loaded.n_in:
             raise ValueError(f"{prog.name}: got {len(args)} input arrays, the "
                              f"program takes {loaded.n_in}")
-        if not loaded.checked_inputs:  # once per program: specs decoded right
-            for i, (x, s) in enumerate(zip(args, prog.in_leaves)):
-                if not specs_mod.same_spec(x, s):
-                    raise ValueError(f"{prog.name}: input {i} does not match "
-                                     "the program's in_specs: "
-                                     + specs_mod.describe_mismatch(x, s))
-            loaded.checked_inputs = True
+        # Every call: Executor.call is public, and a later call with other
+        # arrays must not run on reinterpreted bytes.
+        for i, (x, s) in enumerate(zip(args, prog.in_leaves)):
+            if not specs_mod.same_spec(x, s):
+                raise ValueError(f"{prog.name}: input {i} does not match "
+                                 "the program's in_specs: "
+                                 + specs_mod.describe_mismatch(x, s))
 
     def _invoke(self, loaded: _Loaded, args: Sequence):
         self._check_inputs(loaded, args)

@@ -79,13 +79,13 @@ def decode_strings(buf, n: int, shape, where: str) -> np.ndarray:
     if len(raw) < 8 * n:
         raise PayloadError(f"string buffer of {len(raw)} bytes for {n} "
                            "strings", where)
-    lengths = np.frombuffer(raw, np.uint64, n)
-    if int(lengths.sum()) + 8 * n != len(raw):
+    lengths = np.frombuffer(raw, np.uint64, n).tolist()  # Python ints:
+    if sum(lengths) + 8 * n != len(raw):                   # no wrap-around
         raise PayloadError("string lengths do not match the buffer size",
                            where)
     out, pos = [], 8 * n
     try:
-        for ln in lengths.tolist():
+        for ln in lengths:
             out.append(raw[pos:pos + ln].decode("utf-8"))
             pos += ln
     except UnicodeDecodeError as e:
@@ -292,6 +292,10 @@ def assemble(layout: Layout, found: dict, leaf: int, what: str):
         if hit is None:
             raise PayloadError(f"no shard for device {part[1]}", where)
         hosts.append(_host(layout, part, hit[0], hit[1], where))
+    if len(found) != len(layout.parts):
+        extra = sorted(set(found) - {p[1] for p in layout.parts})
+        raise PayloadError(f"shards for devices {extra[:8]} that the spec "
+                           f"does not place here", f"{what}[{leaf}]")
     if layout.kind == "raw" and _batched_put is not None:
         try:
             return _batched_put(layout.aval, layout.sharding, hosts,
@@ -345,6 +349,17 @@ def message_buffers(m, channel, maps, released):
     return get
 
 
+def release_unused(m, released) -> None:
+    """Give back the shared-memory leases of message ``m``, none of whose
+    buffers was viewed (a dropped or failed reply, a refused call)."""
+    s = m.shards
+    if s is None:
+        return
+    for j in range(s.num_buffers):
+        if s.where[j] == BufferWhere.shm:
+            released.put(s.lease[j])
+
+
 def buffers_by_device(shards: Shards, leaf_count: int, get_buffer, what: str):
     """Group a message's shards: per leaf, payload device id -> (buffer,
     format).  ``get_buffer(j)`` returns buffer j's bytes."""
@@ -354,6 +369,9 @@ def buffers_by_device(shards: Shards, leaf_count: int, get_buffer, what: str):
         if leaf >= leaf_count:
             raise PayloadError(f"leaf {leaf} out of range ({leaf_count} "
                                "leaves)", f"{what}.leaf")
+        if dev in per_leaf[leaf]:
+            raise PayloadError(f"two shards of leaf {leaf} on device {dev}",
+                               f"{what}.device")
         buf = cache.get(j)
         if buf is None:
             buf = cache[j] = get_buffer(j)

@@ -367,9 +367,9 @@ class ProcessExecutor(Executor):
         with self._lock:
             entry = self._pending.pop(call_id, None)
         if entry is None:
-            return  # timed out, or failed at close: dropped
+            return False  # timed out, or failed at close: dropped
         call, h, _ = entry
-        call.part_done(h, link, m, get)
+        return call.part_done(h, link, m, get)
 
     def _remote_error(self, link, m) -> BaseException:
         exc = None

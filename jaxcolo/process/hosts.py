@@ -220,6 +220,11 @@ class HostLink:
         if reason is not None:
             self.lost(reason)
 
+    def release_unused(self, m) -> None:
+        """Return the worker's shared-memory leases of a reply whose buffers
+        will never be viewed."""
+        arrays.release_unused(m, self._released)
+
     def _handle(self, frame) -> None:
         self.last_seen = time.monotonic()
         m = messages.decode(frame, self.version)
@@ -228,7 +233,8 @@ class HostLink:
             get = (arrays.message_buffers(m, self.channel, self.maps,
                                          self._released)
                    if m.shards is not None else None)
-            self._on_reply(self, m.call_id, m, get)
+            if not self._on_reply(self, m.call_id, m, get):
+                self.release_unused(m)  # dropped: its leases go back now
             with self._role:
                 self._expected -= 1
                 if self._waiters > self._reader_waits:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import struct
+import threading
 
 import numpy as np
 
@@ -222,10 +223,10 @@ def _read_shards(t, path) -> Shards:
     if len(fmt) != m:
         raise PayloadError(f"{len(fmt)} entries, expected {m}",
                            f"{path}.format")
-    offset = _column(t, LS.offset, "i64", path, "offset", m)
-    size = _column(t, LS.size, "i64", path, "size", m)
-    segment = _column(t, LS.segment, "i64", path, "segment", m)
-    lease = _column(t, LS.lease, "i64", path, "lease", m)
+    offset = _column(t, LS.offset, "u64", path, "offset", m)
+    size = _column(t, LS.size, "u64", path, "size", m)
+    segment = _column(t, LS.segment, "u64", path, "segment", m)
+    lease = _column(t, LS.lease, "u64", path, "lease", m)
     data = t.bytes(LS.data, path, "data") or b""
     for i, j in enumerate(buffer):
         if j >= m:
@@ -253,11 +254,11 @@ def _read_segments(root) -> list:
         if name is None or not _SEGMENT_NAME.fullmatch(name):
             raise PayloadError(f"invalid segment name {name!r:.80}",
                                f"{path}.name")
-        sid = t.scalar(LG.id, "i64", 0, path, "id")
-        size = t.scalar(LG.size, "i64", 0, path, "size")
-        if sid < 0 or not 0 < size <= MAX_SEGMENT:
-            raise PayloadError(f"invalid segment id {sid} or size {size}",
-                               path)
+        sid = t.scalar(LG.id, "u64", 0, path, "id")
+        size = t.scalar(LG.size, "u64", 0, path, "size")
+        if not 0 < size <= MAX_SEGMENT:
+            raise PayloadError(f"invalid segment size {size}",
+                               f"{path}.size")
         out.append((sid, name, size))
     return out
 
@@ -294,8 +295,8 @@ def _decode_body(body) -> Message:
     if kind == MessageKind.invalid:
         raise PayloadError("message kind missing", "$.kind")
     m = Message(kind)
-    m.call_id = root.scalar(L.call_id, "i64", 0, "$", "call_id")
-    m.lane = root.scalar(L.lane, "i64", 0, "$", "lane")
+    m.call_id = root.scalar(L.call_id, "u64", 0, "$", "call_id")
+    m.lane = root.scalar(L.lane, "u64", 0, "$", "lane")
     m.program_id = root.bytes(L.program_id, "$", "program_id")
     if m.program_id is not None and len(m.program_id) != PROGRAM_ID_SIZE:
         raise PayloadError(f"program id of {len(m.program_id)} bytes",
@@ -305,7 +306,7 @@ def _decode_body(body) -> Message:
     if st is not None:
         m.shards = _read_shards(st, "$.shards")
     m.segments = _read_segments(root)
-    m.released = list(root.ints(L.released, "i64", "$", "released"))
+    m.released = list(root.ints(L.released, "u64", "$", "released"))
     m.specs = root.bytes(L.specs, "$", "specs")
     m.instance_id = root.scalar(L.instance_id, "i64", 0, "$", "instance_id")
     m.ordered = bool(root.scalar(L.ordered, "u8", 0, "$", "ordered"))
@@ -387,6 +388,7 @@ _TEMPLATE_KINDS = frozenset((MessageKind.call, MessageKind.discover,
 _MAX_TEMPLATES = 256
 _ENCODE_TEMPLATES: dict = {}
 _DECODE_TEMPLATES: dict = {}
+_LEARN_LOCK = threading.Lock()
 
 
 def _template_key(m: Message, version):
@@ -488,7 +490,7 @@ def _learn(body, key, m: Message, version: int) -> None:
     (call id, lane, data) are separate fields and overlap nothing else."""
     try:
         canonical = _encode(m, version)
-    except EncodeError:
+    except (EncodeError, struct.error, OverflowError, ValueError):
         return
     if canonical[envelope.HEADER_SIZE:] != bytes(body):
         return
@@ -500,11 +502,12 @@ def _learn(body, key, m: Message, version: int) -> None:
     if t.size:
         masked[t.data:t.data + t.size] = bytes(t.size)
     t.body = bytes(masked)
-    if sum(len(v) for v in _DECODE_TEMPLATES.values()) >= _MAX_TEMPLATES:
-        _DECODE_TEMPLATES.clear()
-    lst = _DECODE_TEMPLATES.setdefault(key, [])
-    if len(lst) < 8:
-        lst.append(t)
+    with _LEARN_LOCK:  # readers of several links learn at once
+        if sum(map(len, _DECODE_TEMPLATES.values())) >= _MAX_TEMPLATES:
+            _DECODE_TEMPLATES.clear()
+        lst = _DECODE_TEMPLATES.setdefault(key, [])
+        if len(lst) < 8:
+            lst.append(t)
 
 
 def _register() -> None:

@@ -29,7 +29,7 @@ from jaxcolo_fb import MessageKind
 
 class Plan:
     __slots__ = ("ref", "program", "name", "instance_id", "hosts",
-                 "host_devices", "in_leaves", "out_layouts", "checked")
+                 "host_devices", "in_leaves", "out_layouts")
 
     def __init__(self, ref, program, owner: dict):
         self.ref = ref
@@ -47,27 +47,23 @@ class Plan:
         if program.has_out_specs:
             self.out_layouts = [arrays.Layout(s, False) for s in
                                 jtu.tree_leaves(program.out_specs)]
-        self.checked = False
 
     def check_args(self, args) -> None:
         if len(args) != len(self.in_leaves):
             raise ValueError(f"{self.name}: got {len(args)} input arrays, the "
                              f"program takes {len(self.in_leaves)}")
-        if self.checked:
-            return
-        for i, (x, s) in enumerate(zip(args, self.in_leaves)):
+        for i, (x, s) in enumerate(zip(args, self.in_leaves)):  # every call
             if not isinstance(x, jax.Array) or not specs_mod.same_spec(x, s):
                 raise ValueError(f"{self.name}: input {i} does not match the "
                                  "program's in_specs: "
                                  + specs_mod.describe_mismatch(x, s))
-        self.checked = True
 
 
 class Call:
     """One call in flight; ``future`` gets its result."""
 
     __slots__ = ("plan", "discover", "future", "call_ids", "links", "_parts",
-                 "_remaining", "_lock", "_make_error")
+                 "_remaining", "_lock", "_make_error", "_assembling")
 
     def __init__(self, plan: Plan, discover: bool, make_error):
         self.plan = plan
@@ -80,6 +76,7 @@ class Call:
         self._remaining = len(plan.hosts)
         self._lock = threading.Lock()
         self._make_error = make_error
+        self._assembling = False  # buffers of _parts may have views now
 
     def wait(self):
         return self.future.result()
@@ -93,27 +90,38 @@ class Call:
             if self.future.done():
                 return
             self.future.set_exception(error)
+            unused = ()
+            if not self._assembling:
+                unused = list(self._parts.values())
+                self._parts.clear()
+        for m, _, link in unused:  # results of other hosts, never viewed
+            link.release_unused(m)
 
-    def part_done(self, h: int, link, m, get) -> None:
+    def part_done(self, h: int, link, m, get) -> bool:
+        """Take host ``h``'s reply; False if it is dropped unused (the call
+        already failed)."""
         if m.kind == MessageKind.error:
             self.fail(self._make_error(link, m))
-            return
+            return True
         with self._lock:
             if self.future.done():
-                return
-            self._parts[h] = (m, get)
+                return False
+            self._parts[h] = (m, get, link)
             self._remaining -= 1
             last = self._remaining == 0
+            if last:
+                self._assembling = True
         if not last:
-            return
+            return True
         try:
             result = self._assemble()
         except BaseException as e:  # noqa: BLE001 - delivered to the caller
             self.fail(e)
-            return
+            return True
         with self._lock:
             if not self.future.done():
                 self.future.set_result(result)
+        return True
 
     def _assemble(self):
         parts = [self._parts[h] for h in self.plan.hosts]
@@ -133,7 +141,7 @@ class Call:
         else:
             layouts = self.plan.out_layouts
         merged = [dict() for _ in layouts]
-        for m, get in parts:
+        for m, get, _ in parts:
             shards = m.shards
             if shards is None:
                 continue

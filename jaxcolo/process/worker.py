@@ -55,6 +55,11 @@ class _Program:
         self.in_layouts = None
 
 
+def _reason(e: BaseException) -> str:
+    """A refusal's reason: a PayloadError's text, else the exception's repr."""
+    return str(e) if isinstance(e, PayloadError) else repr(e)
+
+
 def error_message(call_id: int, e: BaseException, where: str) -> messages.Message:
     """An ``error`` message carrying exception ``e``."""
     t = type(e)
@@ -191,8 +196,8 @@ class Session:
                 frame = self.channel.recv(timeout=None)
                 try:
                     m = messages.decode(frame, self.version)
-                except PayloadError as e:
-                    self._refuse(f"malformed message: {e}")
+                except Exception as e:  # noqa: BLE001 - PayloadError, or a
+                    self._refuse(f"malformed message: {_reason(e)}")  # bug
                     continue
                 try:
                     if m.kind in (K.call, K.discover) and not m.ordered:
@@ -202,12 +207,15 @@ class Session:
                             return False  # a newer reader took over
                     elif not self._dispatch(m):
                         break
-                except PayloadError as e:
+                except (ExecutorError, MemoryError):
+                    raise  # the connection (or this process) is gone
+                except Exception as e:  # noqa: BLE001 - one bad message
                     if m.call_id and m.kind in (K.call, K.discover):
                         self._send_quietly(error_message(m.call_id, e,
                                                          self.where))
                     else:
-                        self._refuse(f"bad {m.kind_name} message: {e}")
+                        self._refuse(f"bad {m.kind_name} message: "
+                                     f"{_reason(e)}")
         except ExecutorError as e:
             log.info("%s: controller connection ended: %s", self.where, e)
         except Exception:  # never die silently
@@ -285,6 +293,9 @@ class Session:
                                 for s in prog.in_leaves]
         except PayloadError as e:  # reported to each call of the program
             entry.error = e
+        except Exception as e:  # noqa: BLE001 - e.g. an indivisible sharding
+            entry.error = PayloadError(f"unusable in_specs: {e!r}",
+                                       "$.program.in_specs")
         self._programs[ref.id] = entry
         self.stats["registered"] += 1
 
@@ -322,10 +333,7 @@ class Session:
                                  ticket)
 
     def _release_unused(self, m) -> None:
-        s = m.shards
-        for j in range(s.num_buffers):
-            if s.where[j] == BufferWhere.shm:
-                self._released.put(s.lease[j])
+        arrays.release_unused(m, self._released)
 
     def _inputs(self, m, entry, get) -> list:
         layouts = entry.in_layouts

@@ -140,30 +140,31 @@ class Channel:
 
     def recv_buffer(self, size: int, chunk: int):
         """Read ``size`` bytes sent as frames of at most ``chunk`` bytes
-        (one empty frame when ``size`` is 0) into a new bytearray."""
-        out = bytearray(size)
-        view = memoryview(out)
-        pos = 0
+        (one empty frame when ``size`` is 0) into a new bytearray.
+
+        Memory grows with the bytes that actually arrive, never with what
+        ``size`` or a frame header announces (a frame longer than expected
+        is refused before it is read: the connection is then closed)."""
+        out = bytearray()
         try:
             while True:
-                want = min(chunk, size - pos)
-                n = self._conn.recv_bytes_into(view[pos:pos + want])
-                if n != want:
-                    raise ExecutorError(f"out-of-band frame of {n} bytes, "
-                                        f"expected {want}")
-                pos += n
-                if pos >= size:
+                want = min(chunk, size - len(out))
+                part = self._conn.recv_bytes(want)  # OSError if longer
+                if len(part) != want:
+                    raise ExecutorError(f"out-of-band frame of {len(part)} "
+                                        f"bytes, expected {want}")
+                out += part
+                if len(out) >= size:
                     return out
-        except mpc.BufferTooShort:
+        except ExecutorError:
             self.close()
-            raise ExecutorError("out-of-band frame larger than announced") \
-                from None
+            raise
         except EOFError:
             self.close()
             raise ExecutorError("connection closed by peer") from None
-        except OSError as e:
+        except (OSError, MemoryError) as e:
             self.close()
-            raise ExecutorError(f"connection lost: {e}") from None
+            raise ExecutorError(f"connection lost: {e!r}") from None
 
     def recv(self, timeout: float | None = None) -> bytes:
         """The next frame; ExecutorError on EOF, timeout or an oversized

@@ -1,0 +1,183 @@
+"""The executor side of an adversarial review: frames and calls from an
+authenticated but misbehaving peer are refused without ending the session,
+announced sizes never drive allocation, dropped results give their shared
+memory back, and the Executor interface checks every call's arguments."""
+
+import multiprocessing.connection as mpc
+import os
+import resource
+import socket
+import struct
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, \
+    SingleDeviceSharding
+
+import jaxcolo
+from jaxcolo.codec import spec_tree
+from jaxcolo.colocated.body import dumps_body
+from jaxcolo.colocated.program import ProgramRef, encode_program
+from jaxcolo.errors import ExecutorError, PayloadError
+from jaxcolo.process import arrays, messages
+from jaxcolo.process.messages import MessageKind as K
+from jaxcolo.transport.channel import Channel
+from tests.colocated_support import cpu_devices, put
+
+
+@pytest.fixture(scope="module")
+def host():
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex:
+        yield ex
+
+
+def _ok(ex, value=41):
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=lambda x: x)
+    with jaxcolo.use_executor(ex):
+        return int(f(put(np.int32(value), cpu_devices()[0])))
+
+
+def _program(spec, fn=lambda x: x, out=True):
+    return encode_program(
+        name="p", kind="function", body=dumps_body(fn),
+        in_specs=spec_tree.encode_spec_tree(((spec,), {})),
+        out_specs=spec_tree.encode_spec_tree(spec) if out else None,
+        device_ids=sorted(d.id for d in spec.sharding.device_set))
+
+
+def _refused(ex):
+    return ex.stats()["hosts"][0].get("refused", 0)
+
+
+def test_odd_messages_do_not_end_the_session(host):
+    """Top-bit ids, and a program whose in_specs JAX cannot lay out, once
+    ended the worker's session (a restart); now each is one refusal."""
+    pid = host.worker_pids()[0]
+    link = host._links[0]
+    bad_sharding = jax.ShapeDtypeStruct((3,), np.float32, sharding=NamedSharding(
+        Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("x", "y")), P("x")))
+    ref = ProgramRef.of(_program(bad_sharding))
+    data = np.int32(5).tobytes()
+    shards = messages.Shards(leaf=[0], device=[0], buffer=[0], where=[0],
+                             format=[0], offset=[0], size=[4], segment=[0],
+                             lease=[2**63], data=data)
+    for m in (messages.Message(K.call, call_id=2**63, lane=2**64 - 1,
+                               program_id=bytes(16)),
+              messages.Message(K.call, call_id=3, lane=1,
+                               program_id=bytes(16), shards=shards),
+              messages.Message(K.register, program_id=ref.id,
+                               program=ref.payload),
+              messages.Message(K.call, call_id=4, lane=1,
+                               program_id=ref.id)):
+        link.channel.send(messages._encode(m))
+    assert _ok(host) == 42
+    assert host.worker_pids()[0] == pid and host.stats()["restarts"] == 0
+
+
+def _channel_pair():
+    a, b = socket.socketpair()
+    conn = mpc.Connection(os.dup(a.fileno()))
+    return Channel(a, conn, None, jaxcolo.SCHEMA_VERSION), \
+        mpc.Connection(os.dup(b.fileno())), b
+
+
+def test_announced_sizes_do_not_allocate():
+    """A call announcing a 3 GiB out-of-band buffer, then sending 10 bytes,
+    allocated 3 GiB; a frame header announcing 2**62 bytes raised
+    MemoryError.  Now memory follows the bytes that arrive."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ch, peer, keep = _channel_pair()
+    peer.send_bytes(b"x" * 10)
+    with pytest.raises(ExecutorError, match="out-of-band frame of 10 bytes, "
+                                            "expected 16777216"):
+        ch.recv_buffer(3 << 30, arrays.FRAME_CHUNK)
+    assert ch.closed
+    ch, peer, keep = _channel_pair()
+    keep.sendall(struct.pack("!i", -1) + struct.pack("!Q", 2**62) + b"xx")
+    with pytest.raises(ExecutorError, match="connection lost"):
+        ch.recv_buffer(100, arrays.FRAME_CHUNK)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) \
+        / 1024
+    assert grown_mb < 200
+    ch, peer, keep = _channel_pair()  # what a correct sender sends is read
+    for part in (b"a" * 7, b"b" * 7, b"c" * 2):
+        peer.send_bytes(part)
+    assert ch.recv_buffer(16, 7) == b"a" * 7 + b"b" * 7 + b"cc"
+
+
+def test_shards_must_match_the_layout():
+    d0, d1 = jax.devices()[:2]
+    spec = jax.ShapeDtypeStruct((), np.int32, sharding=SingleDeviceSharding(d0))
+    lay = arrays.Layout(spec, True)
+    one = np.int32(7).tobytes()
+
+    def shards(devices):
+        n = len(devices)
+        return messages.Shards(leaf=[0] * n, device=devices, buffer=[0] * n,
+                               where=[0], format=[0], offset=[0], size=[4],
+                               segment=[0], lease=[0], data=one)
+    found = arrays.buffers_by_device(shards([d0.id]), 1, lambda j: one, "$")
+    assert int(arrays.assemble(lay, found[0], 0, "input")) == 7
+    with pytest.raises(PayloadError, match=r"two shards of leaf 0 on device "
+                       rf"{d0.id} - at \$\.device"):
+        arrays.buffers_by_device(shards([d0.id, d0.id]), 1, lambda j: one, "$")
+    found = arrays.buffers_by_device(shards([d0.id, 99]), 1, lambda j: one, "$")
+    with pytest.raises(PayloadError, match=r"shards for devices \[99\] that "
+                       r"the spec does not place here - at input\[0\]"):
+        arrays.assemble(lay, found[0], 0, "input")
+
+
+def test_string_lengths_cannot_wrap_around():
+    raw = struct.pack("<QQ", 2**64 - 1, 7) + b"abcdef"
+    with pytest.raises(PayloadError, match="string lengths do not match"):
+        arrays.decode_strings(raw, 2, (2,), "$")
+    ok = arrays.encode_strings(np.array(["ab", ""], np.dtypes.StringDType()))
+    assert arrays.decode_strings(ok, 2, (2,), "$").tolist() == ["ab", ""]
+
+
+@pytest.mark.parametrize("make", [jaxcolo.InlineExecutor,
+                                  lambda: jaxcolo.ProcessExecutor(num_hosts=1)])
+def test_executor_interface_checks_every_call(make):
+    """A float32 argument for an int32 program after a good call ran on the
+    reinterpreted bytes (1.0 -> 1065353217)."""
+    d0 = jax.devices()[0]
+    spec = jax.ShapeDtypeStruct((), np.int32, sharding=SingleDeviceSharding(d0))
+    ref = ProgramRef.of(_program(spec, lambda x: x + 1))
+    with make() as ex:
+        assert int(ex.call(ref, [jax.device_put(np.int32(1), d0)],
+                           lane=1)[0]) == 2
+        with pytest.raises(ValueError, match="input 0 does not match"):
+            ex.call(ref, [jax.device_put(np.float32(1), d0)], lane=1)
+
+
+def _slow_big(x):
+    time.sleep(0.5)
+    return jnp.zeros((1 << 20,), jnp.float32) + x
+
+
+def test_dropped_results_return_their_shared_memory(host):
+    """Late results of timed-out calls were never released: every one
+    pinned a 4 MiB segment on the worker."""
+    f = jaxcolo.colocated_python(_slow_big).specialize(
+        out_specs_fn=lambda s: jax.ShapeDtypeStruct(
+            (1 << 20,), np.float32, sharding=s.sharding))
+    x = put(np.float32(1), cpu_devices()[0])
+    with jaxcolo.use_executor(host):
+        assert float(f(x)[0]) == 1.0
+        for _ in range(4):
+            with host.timeout(0.1), pytest.raises(ExecutorError,
+                                                  match="timed out"):
+                f(x)
+        deadline = time.monotonic() + 20
+        while True:  # the late results arrive, are dropped and released
+            h = host.stats()["hosts"][0]
+            if h.get("leased") == 0 and h.get("calls", 0) >= 5:
+                break
+            assert time.monotonic() < deadline, h
+            time.sleep(0.2)
+        assert h["segments"] <= 2
+        assert float(f(x)[0]) == 1.0
