@@ -4,6 +4,7 @@ to running workers by address (one host, and a two-host cluster)."""
 import os
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -17,8 +18,8 @@ from tests.colocated_support import cpu_devices
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _start(keyfile, *args):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+def _start(keyfile, *args, **env_vars):
+    env = dict(os.environ, PYTHONPATH=ROOT, **env_vars)
     proc = subprocess.Popen(
         [sys.executable, "-m", "jaxcolo.cli", "worker", "--authkey-file",
          str(keyfile), *args], stdout=subprocess.PIPE, text=True, env=env)
@@ -70,6 +71,45 @@ def test_worker_command_serves_controllers_one_after_another(keyfile):
         with pytest.raises(jaxcolo.ExecutorError,
                            match="^authentication failed"):
             jaxcolo.ProcessExecutor(addresses=[addr], authkey=b"wrong")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_controller_stalling_mid_frame_is_disconnected(keyfile):
+    """An authenticated controller that sends part of a frame and then goes
+    silent held the worker forever (it serves one controller at a time);
+    now the frame times out, the session ends and the next controller is
+    served."""
+    import struct
+    from jaxcolo.transport import channel as ch, handshake
+    proc = _start(keyfile, "--listen", "127.0.0.1:0",
+                  JAXCOLO_FRAME_TIMEOUT="1")
+    try:
+        addr = _address(proc)
+        stalled = ch.connect(addr, keyfile.read_bytes(),
+                             handshake.local_hello("controller"))
+        stalled._sock.sendall(struct.pack("!i", 100) + b"x" * 10)
+        assert stalled.readable(30)  # the worker hangs up on it
+        with pytest.raises(jaxcolo.ExecutorError, match="closed by peer"):
+            stalled.recv(timeout=5)
+        f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+            out_specs_fn=lambda x: x)
+        x = jax.device_put(np.int32(1), cpu_devices()[0])
+        deadline = time.monotonic() + 10
+        while True:  # the session ends right after the hang-up
+            try:
+                ex = jaxcolo.ProcessExecutor(addresses=[addr],
+                                             authkey=keyfile.read_bytes())
+                break
+            except jaxcolo.ExecutorError as e:
+                assert "already serves a controller" in str(e)
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        with ex, jaxcolo.use_executor(ex):
+            assert int(f(x)) == 2
+        stalled.close()
         assert proc.poll() is None
     finally:
         proc.terminate()

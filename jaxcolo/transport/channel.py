@@ -33,6 +33,21 @@ MAX_FRAME = 64 << 20
 # blocks (saves a scheduler wake-up per message); JAXCOLO_SPIN overrides.
 SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
 DEFAULT_TIMEOUT = 10.0
+# Seconds a frame may take to arrive once its first byte is readable (a peer
+# that stalls mid-frame is disconnected); JAXCOLO_FRAME_TIMEOUT overrides.
+FRAME_TIMEOUT = float(os.environ.get("JAXCOLO_FRAME_TIMEOUT", "120"))
+# A TCP peer that vanishes (host down, network partition) is detected by
+# kernel keepalive probes: idle seconds, probe interval, probe count.
+KEEPALIVE = (10, 5, 3)
+
+
+def _tcp_options(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in zip(("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT"),
+                           KEEPALIVE):
+        if hasattr(socket, name):  # Linux; other systems keep defaults
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 UNIX_PREFIX = "unix:"
@@ -83,7 +98,9 @@ class Channel:
 
     ``send``/``recv`` move whole frames; ``version`` is the agreed payload
     version and ``peer`` the peer's Hello.  Sends are serialised by a lock so
-    several threads may send; one thread should receive.
+    several threads may send; one thread should receive.  A frame that does
+    not complete within ``FRAME_TIMEOUT`` seconds of its start closes the
+    channel (a watchdog thread checks once a second).
     """
 
     def __init__(self, sock: socket.socket, conn: mpc.Connection,
@@ -96,6 +113,23 @@ class Channel:
         self._poll = select.poll()
         self._poll.register(conn.fileno(), select.POLLIN | select.POLLPRI)
         self.closed = False
+        self.frame_timeout = FRAME_TIMEOUT
+        self._frame_started = 0.0  # monotonic start of a frame being read
+        threading.Thread(target=self._watch_frames, daemon=True,
+                         name="jaxcolo-frame-watch").start()
+
+    def _watch_frames(self) -> None:
+        while not self.closed:
+            time.sleep(min(1.0, self.frame_timeout / 4))
+            started = self._frame_started
+            if started and time.monotonic() - started > self.frame_timeout:
+                log.warning("a frame did not complete within %ss: closing "
+                            "the connection", self.frame_timeout)
+                try:
+                    self._sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
 
     def readable(self, timeout: float | None, spin: float = 0.0) -> bool:
         """True when a frame (or EOF, or an error) is waiting, within
@@ -149,7 +183,9 @@ class Channel:
         try:
             while True:
                 want = min(chunk, size - len(out))
+                self._frame_started = time.monotonic()
                 part = self._conn.recv_bytes(want)  # OSError if longer
+                self._frame_started = 0.0
                 if len(part) != want:
                     raise ExecutorError(f"out-of-band frame of {len(part)} "
                                         f"bytes, expected {want}")
@@ -172,7 +208,10 @@ class Channel:
         try:
             if timeout is not None and not self._conn.poll(timeout):
                 raise ExecutorError(f"no message within {timeout}s")
-            return self._conn.recv_bytes(MAX_FRAME)
+            self._frame_started = time.monotonic()
+            frame = self._conn.recv_bytes(MAX_FRAME)
+            self._frame_started = 0.0
+            return frame
         except EOFError:
             self.close()
             raise ExecutorError("connection closed by peer") from None
@@ -245,7 +284,7 @@ def connect(address: str | tuple, authkey: bytes, hello, *,
                 raise
         else:
             sock = socket.create_connection(address, timeout=timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _tcp_options(sock)
     except OSError as e:
         raise ExecutorError(f"cannot connect to {format_address(address)}: "
                             f"{e}") from None
@@ -292,7 +331,7 @@ class Listener:
             except OSError:
                 return
             if self._path is None:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                _tcp_options(sock)
                 peer = format_address(peer[:2])
             else:
                 peer = format_address(self._path)
