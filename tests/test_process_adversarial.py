@@ -58,6 +58,7 @@ def test_odd_messages_do_not_end_the_session(host):
     ended the worker's session (a restart); now each is one refusal."""
     pid = host.worker_pids()[0]
     link = host._links[0]
+    refused = _refused(host)
     bad_sharding = jax.ShapeDtypeStruct((3,), np.float32, sharding=NamedSharding(
         Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("x", "y")), P("x")))
     ref = ProgramRef.of(_program(bad_sharding))
@@ -72,10 +73,15 @@ def test_odd_messages_do_not_end_the_session(host):
               messages.Message(K.register, program_id=ref.id,
                                program=ref.payload),
               messages.Message(K.call, call_id=4, lane=1,
-                               program_id=ref.id)):
+                               program_id=ref.id),
+              messages.Message(K.setup, heartbeat_ms=1)):  # twice: refused
         link.channel.send(messages._encode(m))
     assert _ok(host) == 42
     assert host.worker_pids()[0] == pid and host.stats()["restarts"] == 0
+    deadline = time.monotonic() + 10
+    while _refused(host) < refused + 1:  # the second setup (the rest are
+        assert time.monotonic() < deadline  # answered as call errors)
+        time.sleep(0.05)
 
 
 def _channel_pair():

@@ -96,6 +96,7 @@ class Session:
         self._maps = blobs.SegmentMaps()     # the controller's segments
         self._released: queue.SimpleQueue = queue.SimpleQueue()
         self._heartbeat = 1.0
+        self._set_up = False
         self._ended = threading.Event()
         self.stats = {"calls": 0, "discoveries": 0, "registered": 0,
                       "refused": 0, "errors": 0}
@@ -257,6 +258,10 @@ class Session:
         return True
 
     def _setup(self, m) -> None:
+        if self._set_up:  # a second heartbeat thread / segment pool: no
+            self._refuse("setup was already done for this session")
+            return
+        self._set_up = True
         if m.heartbeat_ms:
             self._heartbeat = m.heartbeat_ms / 1000.0
             threading.Thread(target=self._heartbeat_loop, daemon=True,
