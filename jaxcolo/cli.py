@@ -16,9 +16,21 @@ def _ensure_devices() -> None:
                                    " --xla_force_host_platform_device_count=8")
 
 
+def _read(path: str) -> bytes | None:
+    """The file's bytes, or None (reason printed) if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        print(f"{path}: cannot read: {e.strerror or e}", file=sys.stderr)
+        return None
+
+
 def cmd_inspect(args) -> int:
     import jaxcolo
-    data = open(args.file, "rb").read()
+    data = _read(args.file)
+    if data is None:
+        return 2
     try:
         info = jaxcolo.inspect(data)
     except jaxcolo.PayloadError as e:
@@ -53,7 +65,9 @@ def _print_fields(info: dict, indent: str, skip=()) -> None:
 
 def cmd_check(args) -> int:
     from jaxcolo.checking import check_readable
-    data = open(args.file, "rb").read()
+    data = _read(args.file)
+    if data is None:
+        return 2  # not "unreadable by that version" (1): no payload at all
     ok, reason = check_readable(data, args.reader_version)
     print(f"{args.file}: {reason}")
     return 0 if ok else 1

@@ -84,6 +84,24 @@ def test_cli_inspect_and_check(tmp_path):
     assert r.returncode == 2 and "invalid payload" in r.stderr
 
 
+def test_cli_files_that_are_no_payloads(tmp_path):
+    """A file that cannot be read is exit code 2 with the reason (check's
+    1 means "not readable by that version"); an empty file is no payload,
+    whatever reader version is asked about."""
+    for args in (("inspect", str(tmp_path / "missing")),
+                 ("check", str(tmp_path / "missing"), "--reader-version", "1"),
+                 ("check", str(tmp_path), "--reader-version", "1")):
+        r = _cli(*args, check=False)
+        assert r.returncode == 2 and "cannot read" in r.stderr, r
+        assert "Traceback" not in r.stderr
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    for n in ("1", "2", "99"):
+        r = _cli("check", str(empty), "--reader-version", n, check=False)
+        assert r.returncode == 1
+        assert "neither a jaxcolo payload" in r.stdout, r.stdout
+
+
 def test_cli_demo():
     r = _cli("demo")
     assert "read back equal: True" in r.stdout

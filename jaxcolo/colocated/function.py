@@ -178,14 +178,15 @@ class Specialized:
     def discover(self, executor, leaves, lane):
         """Run the discovery program (single-flight per specialisation).
 
-        Returns the call's outputs, or None if the out specs became known
-        while waiting (the caller then makes a normal call).
+        Returns the call's outputs, or SPECS_KNOWN if the out specs became
+        known while waiting (the caller then makes a normal call; a
+        function's outputs may well be None).
         """
         with self._cond:
             while self.out_treedef is None and self._discovering:
                 self._cond.wait()
             if self.out_treedef is not None:
-                return None
+                return SPECS_KNOWN
             self._discovering = True
         try:
             version = executor.payload_version
@@ -205,6 +206,10 @@ class Specialized:
             with self._cond:
                 self._discovering = False
                 self._cond.notify_all()
+
+
+# Specialized.discover's answer when another thread discovered the specs.
+SPECS_KNOWN = object()
 
 
 class ColocatedFunction:
@@ -263,7 +268,7 @@ class ColocatedFunction:
         lane = _get_ident()
         if ref is None:
             out = sp.discover(ex, leaves, lane)
-            if out is not None:
+            if out is not SPECS_KNOWN:
                 return out
             ref = sp.program(ex.payload_version)
         return sp.out_treedef.unflatten(ex.call(ref, leaves, lane=lane))
@@ -288,7 +293,7 @@ class ColocatedFunction:
             outer.set_running_or_notify_cancel()
             try:
                 out = sp.discover(ex, leaves, lane)
-                if out is None:
+                if out is SPECS_KNOWN:
                     return self.submit(*args, **kwargs)
                 outer.set_result(out)
             except Exception as e:

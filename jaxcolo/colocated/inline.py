@@ -15,7 +15,6 @@ owned by that lane.  Lanes do not wait for each other.
 from __future__ import annotations
 
 import collections
-import hashlib
 import threading
 from concurrent.futures import Future
 from typing import Hashable, Sequence
@@ -49,7 +48,7 @@ class _Loaded:
             self.seen_shardings = [s.sharding for s in leaves]
         else:
             self.out_treedef = self.out_leaves = None
-        self.body_key = hashlib.blake2b(program.body, digest_size=16).digest()
+        self.body_key = None  # the program's content id (set by _load)
         self.fn = None
         self.lock = threading.Lock()
 
@@ -161,6 +160,10 @@ class InlineExecutor(Executor):
     def _load(self, program) -> _Loaded:
         loaded = decode_program(program.payload, self._resolver)
         entry = _Loaded(loaded)
+        # One loaded body per program, as JAX loads one per specialisation
+        # (and one for output discovery): closure state is not shared
+        # between a function's specialisations.
+        entry.body_key = program.id
         with self._lock:
             self._stats["programs_decoded"] += 1
             return self._programs.setdefault(program.id, entry)

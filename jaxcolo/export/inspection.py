@@ -85,11 +85,14 @@ def _vjp_orders(exp) -> int:
 def check_jax_export(data, reader_version: int) -> tuple[bool, str]:
     """Can JAX's reader of serialization version ``reader_version`` read
     ``data`` correctly?  (ok, reason)"""
+    try:  # first: is it a payload at all?
+        info = inspect_jax_export(data)
+    except PayloadError as e:
+        return False, f"malformed payload: {e}"
     if reader_version not in versions.VERSIONS:
         return False, (f"unknown JAX serialization version {reader_version}; "
                        f"known: {list(versions.VERSIONS)}")
     try:
-        info = inspect_jax_export(data)
         ok, why = reader_verdict(reader_version, scan(data))
     except PayloadError as e:
         return False, f"malformed payload: {e}"
