@@ -33,7 +33,8 @@ from jaxcolo.errors import ExecutorError, PayloadError
 class _Loaded:
     """A decoded program and what running it needs."""
 
-    __slots__ = ("program", "n_in", "in_treedef", "out_treedef", "out_leaves", "body_key",
+    __slots__ = ("program", "n_in", "check_args", "in_treedef", "out_treedef",
+                 "out_leaves", "body_key",
                  "fn", "lock", "seen_avals",
                  "seen_shardings")
 
@@ -41,6 +42,7 @@ class _Loaded:
         self.program = program
         in_leaves, self.in_treedef = jtu.tree_flatten(program.in_specs)
         self.n_in = len(in_leaves)
+        self.check_args = specs_mod.ArgCheck(program.name, in_leaves)
         if program.has_out_specs:
             leaves, self.out_treedef = jtu.tree_flatten(program.out_specs)
             self.out_leaves = tuple(leaves)
@@ -229,17 +231,9 @@ class InlineExecutor(Executor):
 
     # ------------------------------------------------------------- running
     def _check_inputs(self, loaded: _Loaded, args: Sequence) -> None:
-        prog = loaded.program
-        if len(args) != loaded.n_in:
-            raise ValueError(f"{prog.name}: got {len(args)} input arrays, the "
-                             f"program takes {loaded.n_in}")
         # Every call: Executor.call is public, and a later call with other
         # arrays must not run on reinterpreted bytes.
-        for i, (x, s) in enumerate(zip(args, prog.in_leaves)):
-            if not specs_mod.same_spec(x, s):
-                raise ValueError(f"{prog.name}: input {i} does not match "
-                                 "the program's in_specs: "
-                                 + specs_mod.describe_mismatch(x, s))
+        loaded.check_args(args)
 
     def _invoke(self, loaded: _Loaded, args: Sequence):
         self._check_inputs(loaded, args)

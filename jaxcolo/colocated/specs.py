@@ -76,7 +76,46 @@ def same_spec(x, spec: jax.ShapeDtypeStruct) -> bool:
             (s is spec.sharding or s == spec.sharding))
 
 
+class ArgCheck:
+    """Checks a call's arrays against a program's input specs, every call.
+
+    A sharding found equal to its spec's is remembered by identity, so
+    repeated calls with the same sharding objects compare with ``is``
+    (sharding equality costs microseconds)."""
+
+    __slots__ = ("name", "specs", "known")
+
+    def __init__(self, name: str, specs):
+        self.name = name
+        self.specs = tuple(specs)
+        self.known = [s.sharding for s in self.specs]
+
+    def __call__(self, args) -> None:
+        """ValueError naming the first argument that does not match."""
+        specs, known = self.specs, self.known
+        if len(args) != len(specs):
+            raise ValueError(f"{self.name}: got {len(args)} input arrays, "
+                             f"the program takes {len(specs)}")
+        for i, x in enumerate(args):
+            spec = specs[i]
+            ok = isinstance(x, jax.Array)
+            if ok:
+                s = x.sharding
+                ok = x.shape == spec.shape and x.dtype == spec.dtype
+            if ok and s is not known[i]:
+                ok = s == spec.sharding
+                if ok:
+                    known[i] = s
+            if not ok:
+                raise ValueError(f"{self.name}: input {i} does not match the "
+                                 "program's in_specs: "
+                                 + describe_mismatch(x, spec))
+
+
 def describe_mismatch(x, spec) -> str:
+    if not all(hasattr(x, a) for a in ("shape", "dtype", "sharding")):
+        return (f"got {type(x).__name__}, expected a jax.Array of shape="
+                f"{spec.shape} dtype={spec.dtype} sharding={spec.sharding}")
     return (f"got shape={x.shape} dtype={x.dtype} sharding={x.sharding}, "
             f"expected shape={spec.shape} dtype={spec.dtype} "
             f"sharding={spec.sharding}")

@@ -29,7 +29,7 @@ from jaxcolo_fb import MessageKind
 
 class Plan:
     __slots__ = ("ref", "program", "name", "instance_id", "hosts",
-                 "host_devices", "in_leaves", "out_layouts")
+                 "host_devices", "in_leaves", "out_layouts", "check_args")
 
     def __init__(self, ref, program, owner: dict):
         self.ref = ref
@@ -43,20 +43,13 @@ class Plan:
         self.hosts = tuple(sorted(by_host))
         self.host_devices = by_host
         self.in_leaves = tuple(program.in_leaves)
+        # ValueError unless a call's arrays match the in_specs (every call)
+        self.check_args = specs_mod.ArgCheck(self.name, self.in_leaves)
         self.out_layouts = None
         if program.has_out_specs:
             self.out_layouts = [arrays.Layout(s, False) for s in
                                 jtu.tree_leaves(program.out_specs)]
 
-    def check_args(self, args) -> None:
-        if len(args) != len(self.in_leaves):
-            raise ValueError(f"{self.name}: got {len(args)} input arrays, the "
-                             f"program takes {len(self.in_leaves)}")
-        for i, (x, s) in enumerate(zip(args, self.in_leaves)):  # every call
-            if not isinstance(x, jax.Array) or not specs_mod.same_spec(x, s):
-                raise ValueError(f"{self.name}: input {i} does not match the "
-                                 "program's in_specs: "
-                                 + specs_mod.describe_mismatch(x, s))
 
 
 class Call:
