@@ -231,15 +231,14 @@ def intern_shaped_array(writer, aval, path) -> int:
 def build_arrays(writer, builder, items) -> int:
     """The ArraySpecs table of all interned entries (bottom-up)."""
     extras = []
-    for i, (dims, sym, scope_ref, _, _, _, mat, layout) in enumerate(items):
-        if sym or mat is not None or layout is not None:
-            extras.append((i, sym, scope_ref, mat, layout))
+    for i, (dims, sym, scope_ref, _, _, _, mat, lay) in enumerate(items):
+        if sym or mat is not None or lay is not None:
+            extras.append((i, sym, scope_ref, mat, lay))
     extra_offs = []
-    for i, sym, scope_ref, mat, layout in extras:
+    for i, sym, scope_ref, mat, lay in extras:
         sym_off = _string_vector(builder, sym) if sym else 0
         mat_off = _build_mat(builder, mat)
-        layout_off = build_layout(builder, layout) if layout is not None \
-            else 0
+        layout_off = build_layout(builder, lay) if lay is not None else 0
         fb.ArraySpecExtraStart(builder)
         fb.ArraySpecExtraAddEntry(builder, i)
         if sym_off:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import sys
-import types
 
 import numpy as np
 from jax._src import tree_util as jtu

@@ -44,10 +44,9 @@ from typing import Hashable, Sequence
 
 import jax
 
-from jaxcolo.colocated import specs as specs_mod
 from jaxcolo.colocated.executor import Executor
 from jaxcolo.colocated.program import decode_program
-from jaxcolo.errors import ExecutorError, PayloadError
+from jaxcolo.errors import ExecutorError
 from jaxcolo.process import arrays, launch, messages
 from jaxcolo.process.hosts import HostLink, controller_hello
 from jaxcolo.process.results import Call, Plan

@@ -33,7 +33,7 @@ import traceback
 
 import cloudpickle
 
-from jaxcolo_fb import BufferWhere, MessageKind as K
+from jaxcolo_fb import MessageKind as K
 from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.colocated.program import ProgramRef, decode_program
 from jaxcolo.errors import ExecutorError, PayloadError
