@@ -16,7 +16,6 @@ from jaxcolo.codec.dtypes import describe, dtype_of_kind
 from jaxcolo.codec.symbolic import check_writable_text, parse_shape
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.export.layouts import AVAL as L
-from jaxcolo.wire import _U32
 
 _MS = fb.MemorySpace
 _MEM_TO_FB = {core.MemorySpace.Device: _MS.Device,
@@ -87,7 +86,7 @@ class AvalReader:
         if t.scalar(L.kind, "u8", 0, path, "kind") != 0:
             raise PayloadError("only shapedArray avals exist",
                                f"{path}.kind")
-        dims = self._dims(t, path)
+        dims = tuple(t.strings(L.shape, path, "shape"))  # decoded once each
         kind = t.scalar(L.dtype, "u8", 0, path, "dtype")
         mem = t.scalar(L.memory_space, "u8", 0, path, "memory_space")
         key = (dims, kind, mem)
@@ -109,44 +108,18 @@ class AvalReader:
         self.memo[key] = aval
         return aval
 
-    def _dims(self, t, path):
-        """The shape strings, as a tuple (bytes; decoded later)."""
-        buf = self.buf
-        data, size = buf.data, buf.size
-        v = t._vector(L.shape, 4, path, "shape")
-        if v is None:
-            return ()
-        start, n = v
-        out = []
-        for i in range(n):
-            at = start + 4 * i
-            s = at + _U32(data, at)[0]
-            if s + 4 > size:
-                raise PayloadError(f"offset {s} out of bounds",
-                                   f"{path}.shape[{i}]")
-            ln = _U32(data, s)[0]
-            if s + 4 + ln > size:
-                raise PayloadError(f"string length {ln} exceeds the buffer",
-                                   f"{path}.shape[{i}]")
-            out.append(data[s + 4:s + 4 + ln])
-        return tuple(out)
-
     def _shape(self, dims, path):
         shape = []
         symbolic = False
         for i, d in enumerate(dims):
-            if d.isdigit() and len(d) < 19:
+            if d.isascii() and d.isdigit() and len(d) < 19:
                 shape.append(int(d))
             else:
                 symbolic = True
                 break
         if not symbolic:
             return tuple(shape)
-        try:
-            text = ",".join(d.decode("utf-8") for d in dims)
-        except UnicodeDecodeError as e:
-            raise PayloadError(f"invalid UTF-8 in a dimension ({e.reason})",
-                               f"{path}.shape") from None
+        text = ",".join(dims)
         if self.scope is None:
             self.scope = shape_poly.SymbolicScope(())
         shape = parse_shape(text, self.scope, self.buf, f"{path}.shape")

@@ -326,8 +326,7 @@ class Session:
                 raise entry.error
             args = self._inputs(m, entry, get)
         except BaseException as e:
-            if m.shards is not None:  # buffers this call would have used
-                self._release_unused(m)
+            arrays.release_unused(m, self._released)  # buffers it would use
             if ticket is not None:
                 self._lanes.submit(m.lane, lambda: (
                     self._gate.enter(ticket), self._gate.leave()))
@@ -336,9 +335,6 @@ class Session:
         discover = m.kind == K.discover
         return lambda: self._run(m.call_id, m.lane, entry, args, discover,
                                  ticket)
-
-    def _release_unused(self, m) -> None:
-        arrays.release_unused(m, self._released)
 
     def _inputs(self, m, entry, get) -> list:
         layouts = entry.in_layouts
