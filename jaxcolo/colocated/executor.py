@@ -74,12 +74,18 @@ class Executor(abc.ABC):
     def payload_version(self) -> int:
         return versions.SCHEMA_VERSION
 
+    # ``checked=True``: the caller guarantees that ``args`` match the
+    # program's in_specs (the colocated API does: its signature cache is
+    # keyed on exactly that); otherwise every call's arguments are checked.
+
     @abc.abstractmethod
-    def call(self, program, args: Sequence, *, lane: Hashable) -> list:
+    def call(self, program, args: Sequence, *, lane: Hashable,
+             checked: bool = False) -> list:
         ...
 
     @abc.abstractmethod
-    def submit(self, program, args: Sequence, *, lane: Hashable) -> Future:
+    def submit(self, program, args: Sequence, *, lane: Hashable,
+               checked: bool = False) -> Future:
         ...
 
     @abc.abstractmethod

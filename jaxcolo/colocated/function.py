@@ -254,7 +254,8 @@ class ColocatedFunction:
             in_specs_treedef=treedef, in_specs_leaves=leaves,
             out_specs_fn=out_specs_fn, devices=devices))
 
-    def __call__(self, *args, **kwargs):
+    def _prepare(self, args, kwargs):
+        """(specialisation, executor, leaves) of a call (the hot path)."""
         leaves, treedef = _flatten((args, kwargs))
         key = fast_key(treedef, leaves)
         sp = self._cache.get_fast(key)
@@ -263,6 +264,10 @@ class ColocatedFunction:
         ex = get_executor()
         if sp.track is not None:
             sp.track(ex)
+        return sp, ex, leaves
+
+    def __call__(self, *args, **kwargs):
+        sp, ex, leaves = self._prepare(args, kwargs)
         ref = sp.programs.get(ex.payload_version) or sp.program(
             ex.payload_version)
         lane = _get_ident()
@@ -271,21 +276,16 @@ class ColocatedFunction:
             if out is not SPECS_KNOWN:
                 return out
             ref = sp.program(ex.payload_version)
-        return sp.out_treedef.unflatten(ex.call(ref, leaves, lane=lane))
+        # checked: the signature cache matched these leaves to sp's specs
+        return sp.out_treedef.unflatten(ex.call(ref, leaves, lane=lane,
+                                                checked=True))
 
     def submit(self, *args, **kwargs) -> Future:
         """Call without waiting.  Calls submitted from one thread run in
         the order submitted (and before that thread's later calls).  A first
         call that must discover output specs runs before submit returns.
         Argument errors raise here; errors of the call are in the Future."""
-        leaves, treedef = _flatten((args, kwargs))
-        key = fast_key(treedef, leaves)
-        sp = self._cache.get_fast(key)
-        if sp is None:
-            sp = self._specialized(key, treedef, leaves)
-        ex = get_executor()
-        if sp.track is not None:
-            sp.track(ex)
+        sp, ex, leaves = self._prepare(args, kwargs)
         lane = _get_ident()
         ref = sp.program(ex.payload_version)
         if ref is None:
@@ -299,7 +299,8 @@ class ColocatedFunction:
             except Exception as e:
                 outer.set_exception(e)
             return outer
-        return _chain(ex.submit(ref, leaves, lane=lane), sp.out_treedef)
+        return _chain(ex.submit(ref, leaves, lane=lane, checked=True),
+                      sp.out_treedef)
 
     def programs(self) -> list[ProgramRef]:
         """Every program payload built so far (discovery and full)."""

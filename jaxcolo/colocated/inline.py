@@ -105,22 +105,24 @@ class InlineExecutor(Executor):
                 f"{', closed' if self._closed else ''})")
 
     # ------------------------------------------------------------ interface
-    def call(self, program, args: Sequence, *, lane: Hashable) -> list:
+    def call(self, program, args: Sequence, *, lane: Hashable,
+             checked: bool = False) -> list:
         if self._closed:
             raise ExecutorError("InlineExecutor is closed")
         loaded = self._programs.get(program.id) or self._load(program)
         self._calls += 1
         ln = self._lanes.get(lane)
         if ln is None or not ln.pending:
-            return self._run(loaded, args)
-        return self._enqueue(lane, self._run, loaded, args).result()
+            return self._run(loaded, args, checked)
+        return self._enqueue(lane, self._run, loaded, args, checked).result()
 
-    def submit(self, program, args: Sequence, *, lane: Hashable) -> Future:
+    def submit(self, program, args: Sequence, *, lane: Hashable,
+               checked: bool = False) -> Future:
         if self._closed:
             raise ExecutorError("InlineExecutor is closed")
         loaded = self._programs.get(program.id) or self._load(program)
         self._calls += 1
-        return self._enqueue(lane, self._run, loaded, args)
+        return self._enqueue(lane, self._run, loaded, args, checked)
 
     def discover(self, program, args: Sequence, *,
                  lane: Hashable) -> tuple[list, bytes]:
@@ -230,19 +232,15 @@ class InlineExecutor(Executor):
         del inst  # the host instance's last reference: __del__ runs here
 
     # ------------------------------------------------------------- running
-    def _check_inputs(self, loaded: _Loaded, args: Sequence) -> None:
-        # Every call: Executor.call is public, and a later call with other
-        # arrays must not run on reinterpreted bytes.
-        loaded.check_args(args)
-
-    def _invoke(self, loaded: _Loaded, args: Sequence):
-        self._check_inputs(loaded, args)
+    def _invoke(self, loaded: _Loaded, args: Sequence, checked=False):
+        if not checked:  # Executor.call is public: other callers' arrays
+            loaded.check_args(args)
         fn = self._function(loaded)
         a, kw = loaded.in_treedef.unflatten(args)
         return jtu.tree_flatten(fn(*a, **kw))
 
-    def _run(self, loaded: _Loaded, args: Sequence) -> list:
-        leaves, treedef = self._invoke(loaded, args)
+    def _run(self, loaded: _Loaded, args: Sequence, checked=False) -> list:
+        leaves, treedef = self._invoke(loaded, args, checked)
         if loaded.out_treedef is None:
             raise ValueError(f"{loaded.program.name}: program has no out_specs; "
                              "use discover")

@@ -218,11 +218,13 @@ class ProcessExecutor(Executor):
             return v
 
     # --------------------------------------------------------- interface
-    def call(self, program, args: Sequence, *, lane: Hashable) -> list:
-        return self._wait(self._start(program, args, lane, False))
+    def call(self, program, args: Sequence, *, lane: Hashable,
+             checked: bool = False) -> list:
+        return self._wait(self._start(program, args, lane, False, checked))
 
-    def submit(self, program, args: Sequence, *, lane: Hashable) -> Future:
-        call = self._start(program, args, lane, False)
+    def submit(self, program, args: Sequence, *, lane: Hashable,
+               checked: bool = False) -> Future:
+        call = self._start(program, args, lane, False, checked)
         for _, link in call.links:
             link.kick()  # nobody waits: the links' background readers read
         return call.future
@@ -284,11 +286,13 @@ class ProcessExecutor(Executor):
         return out
 
     # ------------------------------------------------------------- calls
-    def _start(self, program, args, lane, discover: bool) -> Call:
+    def _start(self, program, args, lane, discover: bool,
+               checked: bool = False) -> Call:
         if self._closed:
             raise ExecutorError("ProcessExecutor is closed")
         plan = self._plans.get(program.id) or self._plan(program)
-        plan.check_args(args)
+        if not checked:  # shards are raw bytes: never reinterpret them
+            plan.check_args(args)
         if plan.instance_id:
             self._check_instance(plan)
         timeout = getattr(self._local, "timeout", False)

@@ -352,7 +352,9 @@ class Session:
                 outs, specs = self._inline.discover(entry.ref, args, lane=lane)
             else:
                 self.stats["calls"] += 1
-                outs = self._inline.call(entry.ref, args, lane=lane)
+                # assembled by the program's own layouts: they match
+                outs = self._inline.call(entry.ref, args, lane=lane,
+                                         checked=True)
                 specs = None
             del args
             packer = arrays.Packer(self._pool)
