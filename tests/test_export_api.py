@@ -81,15 +81,58 @@ def test_encode_errors_name_the_field():
     exp = je.deserialize(_golden("0.10.2", "memory_space"))
     with pytest.raises(jaxcolo.EncodeError, match=r"in_avals\[0\]"):
         je.serialize(exp, version=4)
-    exp = je.deserialize(_golden("0.10.2", "sharded_8dev"))
-    with pytest.raises(jaxcolo.EncodeError, match="abstract device.*>= 8"):
-        je.serialize(exp, version=6)
     exp = je.deserialize(_golden("0.8.3", "sharded_8dev"))  # HloShardings
     with pytest.raises(jaxcolo.EncodeError, match="HloShardings"):
         je.serialize(exp)
     assert je.serialize(exp, version=8)  # versions with HloShardings work
     with pytest.raises(jaxcolo.EncodeError, match="no vjp"):
         je.serialize(exp, vjp_order=1, version=8)
+
+
+@pytest.fixture(scope="module")
+def fresh_sharded_exp():
+    """A 0.10.2 export as jax.export.export makes it: NamedShardings over an
+    AbstractMesh with an abstract device, and no HloShardings stored."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y"))
+    s_in = NamedSharding(mesh, P("x", "y"))
+    s_out = NamedSharding(mesh, P(None, "y"))
+    f = jax.jit(lambda a, b: (a * 2 + b, a.sum()),
+                in_shardings=(s_in, None), out_shardings=(s_out, None))
+    exp = jax.export.export(f)(
+        jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=s_in),
+        jax.ShapeDtypeStruct((8, 16), jnp.float32))
+    assert exp.in_shardings_hlo == (None, None)  # the case under test
+    assert exp._in_named_shardings[0].mesh.abstract_device is not None
+    return exp, mesh
+
+
+@pytest.mark.parametrize("version", range(2, 13))
+def test_fresh_named_shardings_survive_every_version(fresh_sharded_exp,
+                                                     version):
+    """Older versions get the shardings in their own vocabulary: before 6
+    the HloShardings JAX derives from the NamedShardings (they were silently
+    written as unspecified), before 8 meshes without their abstract device
+    (they were refused), and JAX reads the same shardings back."""
+    exp, mesh = fresh_sharded_exp
+    data = je.serialize(exp, version=version)
+    back = jax.export.deserialize(bytearray(data))
+    want = tuple(jax.export.deserialize(exp.serialize()).in_shardings_hlo)
+    assert want[0] is not None and want[1] is None
+    assert tuple(back.in_shardings_hlo) == want
+    assert str(back.out_shardings_hlo[0]) == str(
+        exp._out_named_shardings[0]._to_xla_hlo_sharding(2))
+    if version >= 6:  # NamedShardings carried; abstract device from v8
+        named = back._in_named_shardings[0]
+        assert named.spec == exp._in_named_shardings[0].spec
+        assert named.mesh.axis_names == ("x", "y")
+        assert (named.mesh.abstract_device is not None) == (version >= 8)
+    a = np.arange(128, dtype=np.float32).reshape(8, 16)
+    b = np.ones((8, 16), np.float32)
+    got = back.call(jax.device_put(a, back.in_shardings_jax(mesh)[0]), b)
+    np.testing.assert_allclose(got[0], a * 2 + b)
+    np.testing.assert_allclose(got[1], a.sum())
+    assert str(je.deserialize(data).in_shardings_hlo) == str(want)
 
 
 # ------------------------------------------------------------- bad input

@@ -5,8 +5,14 @@ The writer of each version builds the same flatbuffer, operation for
 operation, as the JAX release whose newest version it is (see
 jaxcolo/export/versions.py for the layouts), so ``version=None`` (11) gives
 the bytes jax 0.10.2 gives.  Everything a version cannot express raises
-:class:`jaxcolo.EncodeError` naming the field.  Deliberate differences from
-the JAX releases: version 5 omits ``nr_devices_short`` when the device count
+:class:`jaxcolo.EncodeError` naming the field, with two conversions into an older
+version's own vocabulary (what the releases of that version wrote for the
+same function): before version 6 a NamedSharding is written as the
+HloSharding JAX derives from it (``named_to_hlo_sharding``), and before
+version 8 an AbstractMesh is written without its abstract device (the
+readers of those versions have no such field).  Versions 6 and 8 write
+that derived HloSharding next to the NamedSharding, as 0.9.x did.
+Deliberate differences from the JAX releases: version 5 omits ``nr_devices_short`` when the device count
 does not fit an int16 (0.8.x raised); version 12 (JAX main, no release yet)
 stores 3 like 11 and writes this process's ``jax.__version__``.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 import itertools
 
 import jax
+from jax._src.export import _export as jexport
 
 import jaxcolo_jax_export_fb as fb
 from jaxcolo.errors import EncodeError
@@ -77,6 +84,10 @@ class _Uniques:
 def _shardings(builder, exp, side, row, uniques, path):
     named = getattr(exp, f"_{side}_named_shardings")
     hlos = getattr(exp, f"{side}_shardings_hlo")
+    if row.hlo_shardings:
+        hlos = [_derived_hlo(s, h, a, f"{path}.{side}_shardings[{i}]")
+                for i, (s, h, a) in enumerate(zip(
+                    named, hlos, getattr(exp, f"{side}_avals")))]
     has_named = exp._has_named_shardings and row.named_shardings
     offs = []
     if uniques is not None:
@@ -98,6 +109,18 @@ def _shardings(builder, exp, side, row, uniques, path):
         offs.append(encode_sharding(builder, s, h, has_named, row,
                                     f"{path}.{side}_shardings[{i}]"))
     return _vector(builder, offs)
+
+
+def _derived_hlo(named, hlo, aval, path):
+    """The HloSharding to write: ``hlo``, or for Exporteds that only carry
+    NamedShardings (JAX >= 0.9.2 exports) the one JAX derives from ``named``."""
+    if hlo is not None or named is None:
+        return hlo
+    try:
+        return jexport.named_to_hlo_sharding(named, aval)
+    except Exception as e:  # JAX's own conversion refused this sharding
+        raise EncodeError(f"cannot derive an HloSharding from {named} for "
+                          f"this version: {e}", path) from None
 
 
 def _exported(builder, exp, vjp_order, row, path) -> int:

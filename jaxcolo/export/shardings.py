@@ -102,11 +102,7 @@ def encode_abstract_mesh(builder, mesh, row, path) -> int:
     types_off = builder.CreateByteVector(types)
     dev = mesh.abstract_device
     dev_off = 0
-    if dev is not None:
-        if not row.abstract_device:
-            raise EncodeError(
-                f"the mesh has an abstract device ({dev}); abstract devices "
-                "need serialization version >= 8", path)
+    if dev is not None and row.abstract_device:  # before v8: not written
         dev_off = encode_abstract_device(builder, dev, row,
                                          path + ".abstract_device")
     fb.AbstractMeshStart(builder)

@@ -116,6 +116,13 @@ def verify_case(vdir, case, deserialize=None, data=None):
     raise AssertionError(f"platforms {exp.platforms} != {case['platforms']}")
   if case.get("in_avals") is not None and len(exp.in_avals) != len(case["in_avals"]):
     raise AssertionError("number of in_avals differs from manifest")
+  for i, spec in enumerate(case.get("call_in_specs") or []):
+    # An input placed with a non-trivial spec was exported sharded: the
+    # payload must still say so (a writer that drops it gives None).
+    if any(e is not None for e in spec) and i < len(exp.in_shardings_hlo) \
+        and exp.in_shardings_hlo[i] is None:
+      raise AssertionError(f"in_shardings_hlo[{i}] is None: the sharding "
+                           f"{spec} of the export was lost")
   in_leaves = [decode_leaf(i, io[i["key"]]) for i in case["inputs"]]
   prev = bool(jax.config.jax_enable_x64)
   if case.get("requires_x64"):
