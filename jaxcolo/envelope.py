@@ -141,3 +141,36 @@ def check_readable(header: Header, reader_version: int | None = None) -> None:
         raise VersionError(
             f"payload version {header.writer_version} is older than this "
             f"reader supports ({lo}..{reader})", "$.header.writer_version")
+
+
+def nested_min_reader(nested, outer_version: int, path: str,
+                      error=None) -> int:
+    """The min_reader_version of a payload nested in another one written at
+    ``outer_version`` (1 for bytes that are not a jaxcolo payload: opaque
+    here, checked by whoever decodes them); ``error`` (EncodeError when
+    writing) if its header is bad or newer than its container."""
+    error = error or PayloadError
+    if not is_envelope(nested):
+        return 1
+    try:
+        h = read_header(nested, check_crc=False)
+    except PayloadError as e:
+        raise error(f"nested payload: {e.reason}", path + e.path[1:]) \
+            from None
+    if h.writer_version > outer_version:
+        raise error(f"nested payload of version {h.writer_version} in a "
+                    f"version {outer_version} payload",
+                    f"{path}.header.writer_version")
+    return h.min_reader_version
+
+
+def check_nested_declared(nested, outer: Header, path: str) -> None:
+    """PayloadError if a nested payload needs a newer reader than its
+    container's header declares (a forged or corrupt header: a reader of the
+    declared version would accept the container, then fail inside)."""
+    need = nested_min_reader(nested, outer.writer_version, path)
+    if need > outer.min_reader_version:
+        raise PayloadError(
+            f"nested payload needs reader version >= {need}, but the header "
+            f"declares min_reader_version {outer.min_reader_version}",
+            f"{path}.header.min_reader_version")

@@ -13,7 +13,7 @@ import dataclasses
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MIN_READABLE_VERSION = 1
 
 
@@ -48,6 +48,11 @@ HISTORY: tuple[VersionInfo, ...] = (
     )),
     VersionInfo(4, 1, (
         "layout",             # ShapeDtypeStruct(sharding=Format(layout, s))
+    )),
+    VersionInfo(5, 1, (
+        # No schema change: readers before 5 fail on OpShardings with
+        # last_tile_dims (subgroup types, e.g. shard_map's manual subgroups).
+        "hlo_last_tile_dims",
     )),
 )
 

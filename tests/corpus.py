@@ -184,7 +184,7 @@ def misc():
                       P("x"))._to_xla_hlo_sharding(2),
         jmesh.AbstractMesh((2, 4), ("x", "y")),
         jmesh.AbstractMesh((2,), ("x",), abstract_device=jmesh.AbstractDevice(
-            "cpu", None, None)),
+            "cpu", None, "")),
         _manual_subgroup_sharding(),
     ] + ALL_DTYPES
 

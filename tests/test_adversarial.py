@@ -8,6 +8,7 @@ import collections
 import enum
 import os
 import struct
+import typing
 import zlib
 
 import jax
@@ -18,17 +19,27 @@ from jax import export
 from jax._src import core
 from jax._src import mesh as jmesh
 from jax._src.lib import xla_client as xc
+from jax._src.sharding_impls import GSPMDSharding
 
 import jaxcolo
 import jaxcolo.export as je
 from jaxcolo import envelope
 from jaxcolo.checking import check_readable
-from jaxcolo.codec import aval, mesh as mesh_codec, pytree
+from jaxcolo.codec import aval, memo, mesh as mesh_codec, pytree
 from jaxcolo.colocated.program import decode_program, encode_program
 from jaxcolo.export.layouts import EXPORTED as LE, TREE as LT
 from jaxcolo.process import messages as M
 from jaxcolo.wire import Buffer
 from jaxcolo_fb import MessageKind, RootKind
+
+
+@pytest.fixture(autouse=True)
+def _forget_payloads():
+    """Tests here make malformed payloads by patching the encoder: the
+    encode memo must not hand them to later tests (JAX interns Meshes, so
+    the same objects come back)."""
+    yield
+    memo.clear()
 
 
 def _leaf():
@@ -227,6 +238,40 @@ def test_compressed_programs_and_bundles_are_read():
         je.unbundle(_reseal(b, flags=envelope.FLAG_ZLIB))
 
 
+def test_nested_payloads_count_in_their_containers_min_reader():
+    """A bundle, program or message is only as readable as the spec
+    payloads inside it: its header says so, and a header claiming less is
+    refused (it would let `check` pass a payload the reader then fails)."""
+    from jax.experimental.layout import Format, Layout
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    v4_specs = jaxcolo.serialize(((jax.ShapeDtypeStruct(
+        (2, 3), np.float32, sharding=Format(Layout((0, 1)), one)),), {}),
+        version=4)
+    assert envelope.read_header(v4_specs).min_reader_version == 4
+    exp = export.export(jax.jit(jnp.sin))(jax.ShapeDtypeStruct((3,), "f4"))
+    b = je.bundle(exp, jaxcolo.deserialize(v4_specs))
+    assert envelope.read_header(b).min_reader_version == 4
+    assert not check_readable(b, 3)[0] and check_readable(b, 4)[0]
+    prog = encode_program(name="f", kind="function", body=b"body",
+                          in_specs=v4_specs, out_specs=None, device_ids=[0])
+    assert envelope.read_header(prog).min_reader_version == 4
+    result = M.Message(MessageKind.result, call_id=3, specs=v4_specs)
+    msg = M.encode(result, 4)
+    assert envelope.read_header(msg).min_reader_version == 4
+    with pytest.raises(jaxcolo.EncodeError,
+                       match=r"nested payload of version 4 in a version 3 "
+                             r"payload - at \$\.specs"):
+        M.encode(result, 3)
+    for data, read, field in ((b, je.unbundle, "specs"),
+                              (prog, decode_program, "in_specs"),
+                              (msg, M.decode, "specs")):
+        with pytest.raises(jaxcolo.PayloadError,
+                           match=rf"needs reader version >= 4, but the header "
+                                 rf"declares min_reader_version 3 - at "
+                                 rf"\$\.{field}"):
+            read(_reseal(data, min_reader=3))
+
+
 def _call(data=b"x"):
     return M.Message(MessageKind.call, call_id=5, program_id=bytes(16),
                      shards=M.Shards(leaf=[0], device=[0], buffer=[0],
@@ -314,20 +359,73 @@ def test_out_of_range_numbers_are_encode_errors():
 def test_unusual_but_valid_values_round_trip():
     cases = [
         jmesh.AbstractMesh((2,), ("x",), abstract_device=jmesh.AbstractDevice(
-            "cpu", None, None)),
-        jmesh.AbstractMesh((2,), ("x",), abstract_device=jmesh.AbstractDevice(
             "cpu", 1, "")),
+        jmesh.AbstractMesh((2,), ("x",), abstract_device=jmesh.AbstractDevice(
+            "cpu", -1, "cpu")),
         jax.ShapeDtypeStruct((2,), np.float32,
                              manual_axis_type=core.ManualAxisType()),
     ]
     for obj in cases:
-        back = jaxcolo.deserialize(jaxcolo.serialize(obj))
-        assert back == obj
-    assert cases[0].abstract_device.platform is None
-    assert jaxcolo.deserialize(jaxcolo.serialize(
-        cases[0])).abstract_device.platform is None
+        for version in range(1, jaxcolo.SCHEMA_VERSION + 1):
+            back = jaxcolo.deserialize(jaxcolo.serialize(obj, version=version))
+            assert back == obj
     assert jaxcolo.deserialize(jaxcolo.serialize(
         cases[2])).manual_axis_type is core.ManualAxisType()
+
+
+def test_abstract_devices_the_schema_cannot_hold_are_encode_errors():
+    """AbstractDevice fields are typed str / int | None; anything else
+    would come back changed (an absent platform reads as "", as every
+    released reader reads it), so it is refused."""
+    for dev, field in ((jmesh.AbstractDevice("cpu", None, None), "platform"),
+                       (jmesh.AbstractDevice("cpu", 2**40, "cpu"),
+                        "num_cores")):
+        mesh = jmesh.AbstractMesh((2,), ("x",), abstract_device=dev)
+        with pytest.raises(jaxcolo.EncodeError,
+                           match=rf"at \$\.abstract_device\.{field}"):
+            jaxcolo.serialize(mesh)
+
+
+def test_hlo_shard_groups_are_encode_errors_not_dropped():
+    op = xc.OpSharding()
+    op.type = xc.OpSharding.Type.OTHER
+    op.tile_assignment_dimensions = [2, 4]
+    op.iota_reshape_dims = [8]
+    op.iota_transpose_perm = [0]
+    op.is_shard_group = True
+    op.shard_group_id = 3
+    op.shard_group_type = xc.OpSharding.ShardGroupType.AS
+    hlo = xc.HloSharding.from_proto(op)
+    with pytest.raises(jaxcolo.EncodeError, match="cannot express"):
+        jaxcolo.serialize(hlo)
+    with pytest.raises(jaxcolo.EncodeError, match=r"cannot express.* at \$"):
+        jaxcolo.serialize(GSPMDSharding(tuple(jax.devices()), hlo))
+
+
+def test_namedtuples_no_reader_can_find_are_encode_errors():
+    def make():
+        class Local(typing.NamedTuple):
+            a: object
+        return Local
+    with pytest.raises(jaxcolo.EncodeError, match="inside a function"):
+        jaxcolo.serialize(make()(_leaf()))
+
+
+def test_encode_memo_keys_on_the_context_mesh():
+    """A ShapeDtypeStruct with a bare PartitionSpec resolves against the
+    context mesh: the same object under another mesh is another payload."""
+    devs = np.array(jax.devices())
+    mesh_a = jax.sharding.Mesh(devs.reshape(2, 4), ("x", "y"))
+    mesh_b = jax.sharding.Mesh(devs[::-1].reshape(2, 4), ("x", "y"))
+    sds = jax.ShapeDtypeStruct((8, 8), np.float32,
+                               sharding=jax.sharding.PartitionSpec("x"))
+    with jax.set_mesh(mesh_a):
+        a = jaxcolo.serialize(sds)
+    with jax.set_mesh(mesh_b):
+        b = jaxcolo.serialize(sds)
+        assert jaxcolo.deserialize(b) == sds
+    assert a != b
+    assert jaxcolo.deserialize(a).sharding.mesh == mesh_a
 
 
 def test_hlo_sharding_with_last_tile_dims_round_trips():
@@ -342,4 +440,14 @@ def test_hlo_sharding_with_last_tile_dims_round_trips():
     data = jaxcolo.serialize(hlo)
     assert jaxcolo.deserialize(data) == hlo
     assert "last_tile_dims={manual}" in jaxcolo.inspect(data)["leaves"][0]
-    assert check_readable(data, 1)[0]
+    # Readers before version 5 fail on last_tile_dims: version 5 marks them.
+    assert jaxcolo.inspect(data)["min_reader_version"] == 5
+    assert not check_readable(data, 4)[0] and check_readable(data, 5)[0]
+    with pytest.raises(jaxcolo.EncodeError, match="hlo_last_tile_dims needs "
+                       "schema version 5"):
+        jaxcolo.serialize(hlo, version=4)
+    # A header claiming version-4 readers manage.
+    forged = _reseal(data, min_reader=4)
+    with pytest.raises(jaxcolo.PayloadError, match="declares "
+                       "min_reader_version 4"):
+        jaxcolo.deserialize(bytes(forged))

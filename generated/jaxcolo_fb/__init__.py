@@ -1855,7 +1855,8 @@ def DeviceListEnd(builder):
 
 
 
-# An XLA HloSharding as serialized OpSharding proto bytes.
+# An XLA HloSharding as serialized OpSharding proto bytes (canonical form:
+# type, tile assignment, replicate_on_last_tile_dim; last_tile_dims since v5).
 class HloSharding(object):
     __slots__ = ['_tab']
 

@@ -8,9 +8,13 @@ cost a fixed handful of vectors to write and to read.
 
 Symbolic dimensions (jax.export shape polymorphism) are written as JAX spells
 them and parsed back with JAX's own shape_poly parser in a SymbolicScope
-rebuilt from the stored constraints.  Scopes are interned by their constraints
-within a process, so a round trip in one process gives dims that compare
-equal to the originals (JAX compares dims by scope identity).
+rebuilt from the stored constraints.  A payload names a scope only by its
+constraints, so decoding uses the live scope most recently encoded (or
+decoded) with those constraints in this process, else a new one.  A round
+trip in one process thus gives dims equal to the originals (JAX compares
+dims by scope identity) as long as no other scope with the same constraints
+was encoded in between: two scopes with equal constraints write identical
+bytes, and the later one wins.
 """
 
 from __future__ import annotations

@@ -10,9 +10,11 @@ repeat cheap without changing any result:
   payloads decoded with the default device resolver and without symbolic
   scopes are kept (a custom resolver may map ids differently next time, and
   symbolic dims must bind to the scope that is live at decode time).
-* ``EncodeMemo``: (version, PyTreeDef, the leaves' identities) -> payload.
-  The memo holds the leaves themselves, so an identity can't be reused by
-  another object while its entry lives.
+* ``EncodeMemo``: (version, PyTreeDef, the leaves' identities, the context
+  mesh) -> payload.  The memo holds the leaves themselves, so an identity
+  can't be reused by another object while its entry lives; the context mesh
+  (``jax.set_mesh``) is in the key because a ShapeDtypeStruct made with a
+  bare PartitionSpec resolves its sharding against it.
 
 Both are bounded (entries and bytes) and thread safe; ``clear()`` empties
 them, ``set_enabled(False)`` turns them off (benchmarks use this to measure
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import collections
 import threading
+
+from jax._src import mesh as jmesh
 
 MAX_ENTRIES = 512
 MAX_PAYLOAD = 64 * 1024  # larger payloads are not memoized
@@ -89,11 +93,12 @@ def remember_decoded(data, treedef, leaves) -> None:
 
 def encode_key(version, treedef_key, leaves):
     """Key of an encode: ``treedef_key`` (pytree.treedef_key: the treedef
-    and its repr, since equal treedefs may differ in key types) and the
-    leaves' identities."""
+    and its repr, since equal treedefs may differ in key types), the
+    leaves' identities and the context mesh."""
     if not _enabled:
         return None
-    return (version, treedef_key, tuple(map(id, leaves)))
+    return (version, treedef_key, tuple(map(id, leaves)),
+            jmesh.get_concrete_mesh())
 
 
 def lookup_encoded(key, leaves):

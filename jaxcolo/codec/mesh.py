@@ -262,8 +262,7 @@ def intern_mesh(writer, mesh, path) -> int:
 
 def _build_abstract_device(builder, dev) -> int:
     kind = builder.CreateSharedString(dev.device_kind)
-    platform = (builder.CreateSharedString(dev.platform)
-                if dev.platform is not None else 0)
+    platform = builder.CreateSharedString(dev.platform)
     fb.AbstractDeviceStart(builder)
     fb.AbstractDeviceAddDeviceKind(builder, kind)
     if dev.num_cores is not None:
@@ -278,8 +277,8 @@ def _decode_abstract_device(t, path):
     if kind is None:
         raise PayloadError("device_kind missing", f"{path}.device_kind")
     num_cores = t.scalar(LD.num_cores, "i32", None, path, "num_cores")
-    # Absent means None (writers before this one also left out "").
-    platform = t.string(LD.platform, path, "platform")
+    # Absent means "" (version-1 writers left an empty platform out).
+    platform = t.string(LD.platform, path, "platform") or ""
     return jmesh.AbstractDevice(kind, num_cores, platform)
 
 
@@ -329,7 +328,24 @@ def intern_abstract_mesh(writer, am, path) -> int:
         raise EncodeError(f"abstract mesh axis sizes {am.axis_sizes} must be "
                           f"in 1..{MAX_DEVICE_ID} with a product of at most "
                           f"{MAX_ABSTRACT_MESH_SIZE}", path + ".axis_sizes")
+    if am.abstract_device is not None:
+        _check_abstract_device(am.abstract_device, path + ".abstract_device")
     return writer.intern_obj("abstract_meshes", am, lambda m: m)
+
+
+def _check_abstract_device(dev, path) -> None:
+    """EncodeError unless the schema holds ``dev`` exactly: str kind and
+    platform (as JAX makes them; readers read an absent platform as ""),
+    num_cores None or an int32."""
+    for name in ("device_kind", "platform"):
+        if not isinstance(getattr(dev, name), str):
+            raise EncodeError(f"AbstractDevice.{name} must be a str, got "
+                              f"{getattr(dev, name)!r}", f"{path}.{name}")
+    n = dev.num_cores
+    if n is not None and (not isinstance(n, (int, np.integer)) or
+                          not -2**31 <= n < 2**31):
+        raise EncodeError(f"AbstractDevice.num_cores {n!r} is not None or "
+                          "an int32", f"{path}.num_cores")
 
 
 # ------------------------------------------------------ device lists/devices

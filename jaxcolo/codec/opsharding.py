@@ -21,13 +21,22 @@ MAX_TILES = 1 << 20
 def canonical(hlo, path: str = "$") -> bytes:
     """Canonical OpSharding bytes of an HloSharding (what jaxcolo writes);
     EncodeError unless a reader accepts them."""
+    return canonical_proto(hlo, path).SerializeToString()
+
+
+def canonical_proto(hlo, path: str = "$"):
+    """The canonical OpSharding proto of :func:`canonical`."""
     clean = _clean(hlo.to_proto())
     try:
         _check(clean, path)
     except PayloadError as e:
         raise EncodeError(f"HloSharding {hlo} is not supported: {e.reason}",
                           path) from None
-    return clean.SerializeToString()
+    if xc.HloSharding.from_proto(clean) != hlo:  # e.g. shard groups
+        raise EncodeError(f"HloSharding {hlo} has parts the schema cannot "
+                          "express (only the tile assignment, subgroup types "
+                          "and replication are stored)", path)
+    return clean
 
 
 def _clean(op):
@@ -113,12 +122,17 @@ def _parse_checked(blob: bytes, path: str):
 
 def parse(blob: bytes, path: str):
     """An HloSharding from canonical OpSharding bytes, or PayloadError."""
+    return parse_proto(blob, path)[0]
+
+
+def parse_proto(blob: bytes, path: str):
+    """(HloSharding, its checked canonical OpSharding proto) of ``blob``."""
     clean = _clean(_parse_checked(blob, path))
     if clean.SerializeToString() != blob:
         raise PayloadError("OpSharding has fields jaxcolo does not accept "
                            "(not in canonical form)", path)
     try:
-        return xc.HloSharding.from_proto(clean)
+        return xc.HloSharding.from_proto(clean), clean
     except Exception as e:
         raise PayloadError(f"invalid OpSharding: {e}", path) from None
 

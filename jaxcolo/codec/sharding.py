@@ -146,12 +146,18 @@ def build_hlo_sharding(writer, builder, blob) -> int:
 
 def decode_hlo_sharding(reader, t, path):
     blob = t.bytes(LH.op_sharding, path, "op_sharding") or b""
-    return opsharding.parse(blob, f"{path}.op_sharding")
+    hlo, proto = opsharding.parse_proto(blob, f"{path}.op_sharding")
+    if proto.last_tile_dims:
+        reader.check_declared("hlo_last_tile_dims", f"{path}.op_sharding")
+    return hlo
 
 
 def intern_hlo_sharding(writer, hlo, path) -> int:
     writer.require("hlo_sharding", path)
-    blob = opsharding.canonical(hlo, path)
+    proto = opsharding.canonical_proto(hlo, path)
+    if proto.last_tile_dims:  # readers before version 5 cannot parse them
+        writer.require("hlo_last_tile_dims", path)
+    blob = proto.SerializeToString()
     return writer.intern("hlo_shardings", blob, blob)
 
 

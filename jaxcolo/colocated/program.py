@@ -189,6 +189,9 @@ def read_program(data, reader_version: int | None = None) -> RawProgram:
     if in_specs is None:
         raise PayloadError("in_specs missing", "$.in_specs")
     out_specs = root.bytes(L.out_specs, "$", "out_specs")
+    for field, nested in (("in_specs", in_specs), ("out_specs", out_specs)):
+        if nested is not None:
+            envelope.check_nested_declared(nested, header, f"$.{field}")
     ids = root.ints(L.device_ids, "i64", "$", "device_ids")
     if not ids:
         raise PayloadError("a program needs at least one device",

@@ -20,7 +20,7 @@ import jaxcolo_fb as fb
 from jaxcolo_fb import RootKind
 from jaxcolo import envelope, versions
 from jaxcolo.codec import spec_tree
-from jaxcolo.errors import PayloadError
+from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.export.decode import deserialize as deserialize_exported
 from jaxcolo.export.detect import serialization_version
 from jaxcolo.export.encode import serialize as serialize_exported
@@ -44,6 +44,9 @@ def bundle(exp, specs=None, *, vjp_order: int = 0, version: int | None = None,
         if specs is not None else None
     writer = versions.check_writable(None)
     min_reader = versions.require("export_bundle", writer)
+    if spec_bytes is not None:  # a reader of the bundle reads the specs too
+        min_reader = max(min_reader, envelope.nested_min_reader(
+            spec_bytes, writer, "$.specs", EncodeError))
     builder = FastBuilder()
     specs_off = builder.CreateByteVector(spec_bytes) \
         if spec_bytes is not None else 0
@@ -71,7 +74,10 @@ def open_bundle(data, reader_version=None):
     exported = root.bytes(L.exported, "$", "exported")
     if exported is None:
         raise PayloadError("exported missing", "$.exported")
-    return exported, root.bytes(L.specs, "$", "specs")
+    specs = root.bytes(L.specs, "$", "specs")
+    if specs is not None:
+        envelope.check_nested_declared(specs, header, "$.specs")
+    return exported, specs
 
 
 def unbundle(data, device_resolver=None) -> ExportBundle:

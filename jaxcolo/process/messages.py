@@ -153,6 +153,10 @@ def encode(m: Message, version: int | None = None) -> bytes:
 def _encode(m: Message, version: int | None = None) -> bytes:
     version = versions.check_writable(version)
     since = versions.require("message", version, "$")
+    for field, nested in (("program", m.program), ("specs", m.specs)):
+        if nested is not None:  # readers of the message read these too
+            since = max(since, envelope.nested_min_reader(
+                nested, version, f"$.{field}", EncodeError))
     data_size = len(m.shards.data) if m.shards is not None else 0
     b = FastBuilder(256 + data_size + len(m.program or b""))
     offs = {}
@@ -282,6 +286,9 @@ def decode(data, reader_version: int | None = None) -> Message:
         if m is not None:
             return m
     m = _decode_body(body)
+    for field, nested in (("program", m.program), ("specs", m.specs)):
+        if nested is not None:
+            envelope.check_nested_declared(nested, header, f"$.{field}")
     if m.kind in _TEMPLATE_KINDS and m.call_id and \
             _template_key(m, header.writer_version) is not None:
         _learn(body, key, m, header.writer_version)
