@@ -142,3 +142,46 @@ def test_two_worker_commands_form_a_cluster(keyfile):
             p.terminate()
         for p in procs:
             p.wait(10)
+
+
+@pytest.mark.parametrize("args,reason", [
+    (["--host-index", "-1"], "--host-index must be in 0..0"),
+    (["--num-hosts", "0"], "--num-hosts must be >= 1"),
+    (["--local-devices", "-2"], "--local-devices must be >= 1"),
+    (["--device-map", "0,0,1,2,3,4,5,6"], "ids must be distinct"),
+    (["--device-map", "a,b"], "--device-map needs 1 blocks of 8 ids"),
+    (["--max-version", "99"], "not within this jaxcolo's"),
+    (["--listen", "127.0.0.1:99999"], "is not HOST:PORT"),
+])
+def test_worker_refuses_arguments_it_could_never_serve(keyfile, args,
+                                                       reason):
+    """One line naming the problem, at start (these used to start a
+    worker that refused every controller, or end in a traceback)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "jaxcolo.cli", "worker", "--authkey-file",
+         str(keyfile), *args], capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode != 0
+    assert reason in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_worker_cannot_read_its_key_file(tmp_path):
+    for path in (tmp_path / "missing", tmp_path):
+        r = subprocess.run(
+            [sys.executable, "-m", "jaxcolo.cli", "worker", "--authkey-file",
+             str(path)], capture_output=True, text=True, timeout=120,
+            env=dict(os.environ, PYTHONPATH=ROOT))
+        assert r.returncode != 0 and "cannot read the authkey file" in \
+            r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_sigterm_removes_the_unix_socket_so_a_restart_binds(keyfile,
+                                                            tmp_path):
+    path = tmp_path / "w.sock"
+    for _ in range(2):
+        proc = _start(keyfile, "--listen", f"unix:{path}")
+        line = proc.stdout.readline()
+        assert f"listening on unix:{path}" in line, line
+        proc.terminate()
+        proc.wait(30)
+        assert not path.exists()

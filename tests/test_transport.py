@@ -186,3 +186,102 @@ def test_recv_timeout_and_peer_close():
             c.recv(timeout=5)
     finally:
         lis.close()
+
+
+# --------------------------------------------- listener under abuse (review)
+
+def _wait_for(pred, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
+def test_connections_in_setup_are_capped_and_the_listener_recovers(
+        monkeypatch):
+    """Silent peers (never answering the HMAC challenge) beyond the cap are
+    closed on arrival, so fds and threads stay bounded; once they go, a
+    real controller connects."""
+    monkeypatch.setattr(ch, "MAX_PENDING_SETUPS", 4)
+    listener, got = _echo_listener(timeout=30.0)
+    silent = [socket.create_connection(listener.address) for _ in range(12)]
+    try:
+        _wait_for(lambda: listener.refused >= 8)
+        for s in silent[4:]:  # closed by the listener: EOF after the bytes
+            s.settimeout(5)   # of nothing (no challenge was sent)
+            assert s.recv(1024) == b""
+    finally:
+        for s in silent:
+            s.close()
+    c = ch.connect(listener.address, KEY, hs.local_hello("controller"))
+    c.send(b"ping")
+    assert c.recv() == b"ping"
+    c.close()
+    listener.close()
+
+
+def test_a_peer_speaking_something_else_is_refused_and_closed():
+    """A peer that answers the challenge, then sends a frame that is not
+    one (multiprocessing asserts on it): the worker side closes the
+    connection at once (it leaked until GC) and the controller side gets
+    an ExecutorError (it got a bare AssertionError)."""
+    listener, _ = _echo_listener()
+    sock = socket.create_connection(listener.address)
+    conn = mpc.Connection(sock.detach())
+    mpc.answer_challenge(conn, KEY)
+    conn.send_bytes(b"not a challenge")
+    t0 = time.monotonic()
+    with pytest.raises((EOFError, OSError)):
+        while True:
+            conn.recv_bytes()
+    assert time.monotonic() - t0 < 3
+    conn.close()
+    listener.close()
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def speak_other():
+        s, _ = server.accept()
+        other = mpc.Connection(s.detach())
+        other.send_bytes(b"hello")
+        time.sleep(1)
+        other.close()
+    threading.Thread(target=speak_other, daemon=True).start()
+    with pytest.raises(ExecutorError, match="does not speak the jaxcolo "
+                                            "handshake"):
+        ch.connect(server.getsockname()[:2], KEY,
+                   hs.local_hello("controller"), timeout=5)
+    server.close()
+
+
+def test_unix_socket_paths_stale_in_use_or_not_sockets(tmp_path):
+    path = str(tmp_path / "w.sock")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(path)  # a socket file nobody accepts on (a killed worker's)
+    stale.close()
+    listener, _ = _echo_listener(address="unix:" + path)
+    with pytest.raises(OSError, match="in use by a running listener"):
+        _echo_listener(address="unix:" + path)
+    listener.close()
+    assert not os.path.exists(path)
+    other = tmp_path / "file"
+    other.write_text("not a socket")
+    with pytest.raises(OSError, match="exists and is not a socket"):
+        _echo_listener(address=f"unix:{other}")
+    assert other.read_text() == "not a socket"
+
+
+@pytest.mark.parametrize("text,want", [("30", 30.0), ("inf", float("inf")),
+                                       ("0", 120.0), ("-1", 120.0),
+                                       ("abc", 120.0), ("nan", 120.0)])
+def test_frame_timeout_setting(monkeypatch, text, want):
+    monkeypatch.setenv("JAXCOLO_FRAME_TIMEOUT", text)
+    assert ch._frame_timeout_from_env() == want
+
+
+@pytest.mark.parametrize("lo,hi", [(0, None), (None, 99), (3, 2)])
+def test_version_ranges_may_only_narrow(lo, hi):
+    with pytest.raises(ValueError, match="not within this jaxcolo's"):
+        hs.local_hello("controller", min_version=lo, max_version=hi)
+    with pytest.raises(ValueError, match="not within"):
+        jaxcolo.ProcessExecutor(num_hosts=1, min_version=lo, max_version=hi)

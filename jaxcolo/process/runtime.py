@@ -69,8 +69,12 @@ def read_authkey(path: str) -> bytes:
     if path == "-":
         data = sys.stdin.buffer.read()
     else:
-        with open(path, "rb") as f:
-            data = f.read()
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise SystemExit(f"jaxcolo worker: cannot read the authkey file "
+                             f"{path!r}: {e.strerror or e}") from None
     if not data:
         raise SystemExit("jaxcolo worker: the authkey is empty")
     return data
@@ -88,12 +92,45 @@ def device_blocks(text: str | None, num_hosts: int, local: int) -> list:
     if text is None:
         return [list(range(p * local, (p + 1) * local))
                 for p in range(num_hosts)]
-    blocks = [[int(i) for i in part.split(",") if i.strip()]
-              for part in text.split(";")]
-    if len(blocks) != num_hosts or any(len(b) != local for b in blocks):
+    try:
+        blocks = [[int(i) for i in part.split(",") if i.strip()]
+                  for part in text.split(";")]
+    except ValueError:
+        blocks = None
+    if blocks is None or len(blocks) != num_hosts or \
+            any(len(b) != local for b in blocks):
         raise SystemExit(f"jaxcolo worker: --device-map needs {num_hosts} "
                          f"blocks of {local} ids, got {text!r}")
+    ids = [i for b in blocks for i in b]
+    if len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= 2**32:
+        raise SystemExit(f"jaxcolo worker: --device-map ids must be distinct "
+                         f"and in 0..{2**32 - 1}, got {text!r}")
     return blocks
+
+
+def check_arguments(args) -> None:
+    """SystemExit with a one-line reason for arguments the worker could
+    start with but never serve (checked before JAX starts)."""
+    from jaxcolo.transport import channel, handshake
+
+    def bad(text):
+        raise SystemExit(f"jaxcolo worker: {text}")
+    if args.num_hosts < 1:
+        bad(f"--num-hosts must be >= 1, got {args.num_hosts}")
+    if not 0 <= args.host_index < args.num_hosts:
+        bad(f"--host-index must be in 0..{args.num_hosts - 1}, got "
+            f"{args.host_index}")
+    if args.local_devices is not None and args.local_devices < 1:
+        bad(f"--local-devices must be >= 1, got {args.local_devices}")
+    try:
+        handshake.local_hello("worker", min_version=args.min_version,
+                              max_version=args.max_version)
+    except ValueError as e:
+        bad(f"--min-version/--max-version: {e}")
+    try:
+        channel.parse_address(args.listen)
+    except (ValueError, OverflowError) as e:
+        bad(f"--listen {args.listen!r}: {e}")
 
 
 def start_jax(args, local: int):
@@ -140,12 +177,20 @@ def run(args) -> int:
     if args.parent_pid:
         threading.Thread(target=_watch_parent, args=(args.parent_pid,),
                          daemon=True).start()
+    check_arguments(args)
     authkey = read_authkey(args.authkey_file)
     local = args.local_devices or max(1, 8 // args.num_hosts)
+    device_blocks(args.device_map, args.num_hosts, local)  # before JAX
     my_ids = start_jax(args, local)
-    # jax.distributed installs a SIGTERM (preemption) handler; a worker
-    # asked to stop stops.
-    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    listening = []
+
+    def terminate(*_):
+        # jax.distributed installs a SIGTERM (preemption) handler; a worker
+        # asked to stop stops, removing its Unix socket first.
+        for listener in listening:
+            listener.close()
+        os._exit(0)
+    signal.signal(signal.SIGTERM, terminate)
 
     from jaxcolo.process.messages import Message, encode
     from jaxcolo.process.worker import Session
@@ -185,8 +230,14 @@ def run(args) -> int:
                 pass
             channel.close()
 
-    listener = ch.Listener(args.listen, authkey, lambda: hello, on_channel,
-                           need=versions.FEATURE_SINCE["message"])
+    try:
+        listener = ch.Listener(args.listen, authkey, lambda: hello,
+                               on_channel,
+                               need=versions.FEATURE_SINCE["message"])
+    except OSError as e:
+        raise SystemExit(f"jaxcolo worker: cannot listen on {args.listen}: "
+                         f"{e.strerror or e}") from None
+    listening.append(listener)
     where = listener.address_text
     line = f"{READY} {where}\n"
     if args.ready_fd is not None:

@@ -14,11 +14,13 @@ socket is shut down, which wakes the blocked read).
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing.connection as mpc
 import os
 import select
 import socket
+import stat
 import threading
 import time
 from typing import Callable
@@ -35,7 +37,25 @@ SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
 DEFAULT_TIMEOUT = 10.0
 # Seconds a frame may take to arrive once its first byte is readable (a peer
 # that stalls mid-frame is disconnected); JAXCOLO_FRAME_TIMEOUT overrides.
-FRAME_TIMEOUT = float(os.environ.get("JAXCOLO_FRAME_TIMEOUT", "120"))
+def _frame_timeout_from_env(default: float = 120.0) -> float:
+    text = os.environ.get("JAXCOLO_FRAME_TIMEOUT")
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:  # also NaN; "inf" means never
+        log.warning("JAXCOLO_FRAME_TIMEOUT=%r is not a positive number of "
+                    "seconds; using %s", text, default)
+        return default
+    return value
+
+
+FRAME_TIMEOUT = _frame_timeout_from_env()
+# Connections being authenticated at once (each holds 2 fds and 2 threads);
+# more are closed on arrival, so a flood of silent peers stays bounded.
+MAX_PENDING_SETUPS = 64
 # A TCP peer that vanishes (host down, network partition) is detected by
 # kernel keepalive probes: idle seconds, probe interval, probe count.
 KEEPALIVE = (10, 5, 3)
@@ -62,8 +82,9 @@ def parse_address(text: str) -> tuple[str, int] | str:
             raise ValueError(f"address {text!r} has no socket path")
         return path
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address {text!r} is not HOST:PORT or unix:PATH")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"address {text!r} is not HOST:PORT (port 0..65535) "
+                         "or unix:PATH")
     return host or "127.0.0.1", int(port)
 
 
@@ -120,7 +141,7 @@ class Channel:
 
     def _watch_frames(self) -> None:
         while not self.closed:
-            time.sleep(min(1.0, self.frame_timeout / 4))
+            time.sleep(min(1.0, max(0.05, self.frame_timeout / 4)))
             started = self._frame_started
             if started and time.monotonic() - started > self.frame_timeout:
                 log.warning("a frame did not complete within %ss: closing "
@@ -257,6 +278,12 @@ def _authenticate_and_greet(sock, authkey: bytes, hello, timeout: float,
         conn.close()
         sock.close()
         raise
+    except Exception as e:  # noqa: BLE001 - e.g. multiprocessing's assert
+        conn.close()        # on a frame that is not a challenge
+        sock.close()
+        raise ExecutorError(f"connection setup failed: the peer does not "
+                            f"speak the jaxcolo handshake ({type(e).__name__}"
+                            f": {str(e)[:200]})") from None
     finally:
         dog.cancel()
     try:
@@ -292,6 +319,29 @@ def connect(address: str | tuple, authkey: bytes, hello, *,
     return _authenticate_and_greet(sock, authkey, hello, timeout, False, need)
 
 
+def _remove_stale_socket(path: str) -> None:
+    """Unlink a Unix socket left by a dead listener (nothing accepts on it);
+    OSError if ``path`` is in use or is not a socket."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.unlink(path)  # stale: its listener is gone
+        return
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    raise OSError(errno.EADDRINUSE, f"{path} is in use by a running listener")
+
+
 class Listener:
     """Accepts connections; each is authenticated and greeted in its own
     thread, then handed to ``on_channel(channel)``.  Refused peers (wrong
@@ -306,9 +356,14 @@ class Listener:
             address = parse_address(address)
         self._path = None
         if isinstance(address, str):   # a Unix-domain socket path
+            _remove_stale_socket(address)
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._sock.bind(address)
-            self._sock.listen()
+            try:
+                self._sock.bind(address)
+                self._sock.listen()
+            except OSError:
+                self._sock.close()
+                raise
             self._path = self.address = address
         else:
             self._sock = socket.create_server(address)
@@ -320,23 +375,50 @@ class Listener:
         self._need = need
         self.refused = 0
         self._closed = False
+        self._pending = threading.BoundedSemaphore(MAX_PENDING_SETUPS)
+        self._last_warning = 0.0
         self._thread = threading.Thread(target=self._accept_loop,
                                         name="jaxcolo-listener", daemon=True)
         self._thread.start()
 
     def _accept_loop(self):
+        """Accept until closed.  Running out of fds or threads (a flood)
+        pauses accepting, it never ends it."""
         while not self._closed:
             try:
                 sock, peer = self._sock.accept()
-            except OSError:
-                return
-            if self._path is None:
-                _tcp_options(sock)
-                peer = format_address(peer[:2])
-            else:
-                peer = format_address(self._path)
-            threading.Thread(target=self._setup, args=(sock, peer),
-                             daemon=True).start()
+            except OSError as e:
+                if self._closed or e.errno in (errno.EBADF, errno.EINVAL):
+                    return  # the listening socket is gone
+                self._warn(f"accept failed ({e}); retrying")
+                time.sleep(0.05)
+                continue
+            if not self._pending.acquire(blocking=False):
+                sock.close()
+                self.refused += 1
+                self._warn(f"refused a connection: {MAX_PENDING_SETUPS} "
+                           "are already being set up")
+                continue
+            try:
+                if self._path is None:
+                    _tcp_options(sock)
+                    peer = format_address(peer[:2])
+                else:
+                    peer = format_address(self._path)
+                threading.Thread(target=self._setup, args=(sock, peer),
+                                 daemon=True).start()
+            except Exception as e:  # noqa: BLE001 - e.g. no thread to start
+                sock.close()
+                self._pending.release()
+                self._warn(f"dropped a connection: {e!r}")
+                time.sleep(0.05)
+
+    def _warn(self, text: str) -> None:
+        """Log ``text``, at most once a second (floods must not flood logs)."""
+        now = time.monotonic()
+        if now - self._last_warning >= 1.0:
+            self._last_warning = now
+            log.warning("listener %s: %s", self.address_text, text)
 
     def _setup(self, sock, peer):
         try:
@@ -347,6 +429,8 @@ class Listener:
             log.warning("refused connection from %s: %s", peer, e)
             self.refused += 1  # after logging: tests wait on this count
             return
+        finally:
+            self._pending.release()
         self._on_channel(channel)
 
     def close(self):

@@ -50,9 +50,16 @@ def software_string() -> str:
 def local_hello(role: str, *, min_version: int | None = None,
                 max_version: int | None = None, host_index: int = 0,
                 device_ids=()) -> Hello:
-    """This process's Hello; the range defaults to everything it supports."""
+    """This process's Hello; the range defaults to everything it supports
+    and may only narrow it (ValueError otherwise: a peer would agree on a
+    version this process cannot speak)."""
     lo = versions.MIN_READABLE_VERSION if min_version is None else min_version
     hi = versions.SCHEMA_VERSION if max_version is None else max_version
+    ok = range(versions.MIN_READABLE_VERSION, versions.SCHEMA_VERSION + 1)
+    if lo not in ok or hi not in ok or lo > hi:
+        raise ValueError(
+            f"payload version range {lo}..{hi} is not within this jaxcolo's "
+            f"{ok.start}..{ok.stop - 1}, low to high")
     return Hello(lo, hi, role, software_string(), host_index,
                  tuple(int(i) for i in device_ids))
 
