@@ -328,15 +328,17 @@ def intern_abstract_mesh(writer, am, path) -> int:
         raise EncodeError(f"abstract mesh axis sizes {am.axis_sizes} must be "
                           f"in 1..{MAX_DEVICE_ID} with a product of at most "
                           f"{MAX_ABSTRACT_MESH_SIZE}", path + ".axis_sizes")
-    if am.abstract_device is not None:
-        _check_abstract_device(am.abstract_device, path + ".abstract_device")
-    return writer.intern_obj("abstract_meshes", am, lambda m: m)
+    return writer.intern_obj("abstract_meshes", am, lambda m: _checked_device(
+        m, path + ".abstract_device"))
 
 
-def _check_abstract_device(dev, path) -> None:
-    """EncodeError unless the schema holds ``dev`` exactly: str kind and
-    platform (as JAX makes them; readers read an absent platform as ""),
-    num_cores None or an int32."""
+def _checked_device(am, path):
+    """``am``; EncodeError unless the schema holds its abstract device
+    exactly: str kind and platform (as JAX makes them; readers read an
+    absent platform as ""), num_cores None or an int32."""
+    dev = am.abstract_device
+    if dev is None:
+        return am
     for name in ("device_kind", "platform"):
         if not isinstance(getattr(dev, name), str):
             raise EncodeError(f"AbstractDevice.{name} must be a str, got "
@@ -346,6 +348,7 @@ def _check_abstract_device(dev, path) -> None:
                           not -2**31 <= n < 2**31):
         raise EncodeError(f"AbstractDevice.num_cores {n!r} is not None or "
                           "an int32", f"{path}.num_cores")
+    return am
 
 
 # ------------------------------------------------------ device lists/devices

@@ -18,14 +18,10 @@ T = xc.OpSharding.Type
 MAX_TILES = 1 << 20
 
 
-def canonical(hlo, path: str = "$") -> bytes:
-    """Canonical OpSharding bytes of an HloSharding (what jaxcolo writes);
-    EncodeError unless a reader accepts them."""
-    return canonical_proto(hlo, path).SerializeToString()
-
-
 def canonical_proto(hlo, path: str = "$"):
-    """The canonical OpSharding proto of :func:`canonical`."""
+    """The canonical OpSharding proto of an HloSharding (jaxcolo writes its
+    bytes); EncodeError unless a reader accepts it and it holds all of
+    ``hlo``."""
     clean = _clean(hlo.to_proto())
     try:
         _check(clean, path)
@@ -120,13 +116,9 @@ def _parse_checked(blob: bytes, path: str):
     return op
 
 
-def parse(blob: bytes, path: str):
-    """An HloSharding from canonical OpSharding bytes, or PayloadError."""
-    return parse_proto(blob, path)[0]
-
-
 def parse_proto(blob: bytes, path: str):
-    """(HloSharding, its checked canonical OpSharding proto) of ``blob``."""
+    """(HloSharding, its checked canonical OpSharding proto) from canonical
+    OpSharding bytes, or PayloadError."""
     clean = _clean(_parse_checked(blob, path))
     if clean.SerializeToString() != blob:
         raise PayloadError("OpSharding has fields jaxcolo does not accept "
@@ -140,7 +132,7 @@ def parse_proto(blob: bytes, path: str):
 def parse_foreign(blob: bytes, path: str):
     """An HloSharding from OpSharding bytes written by someone else (JAX).
 
-    Same checks as :func:`parse`, but fields jaxcolo does not write (e.g.
+    Same checks as :func:`parse_proto`, but fields jaxcolo does not write (e.g.
     metadata) are dropped instead of rejected: the sharding is rebuilt from
     the checked fields only, so ``from_proto`` never sees unchecked input.
     """

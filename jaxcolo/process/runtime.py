@@ -133,9 +133,9 @@ def check_arguments(args) -> None:
         bad(f"--listen {args.listen!r}: {e}")
 
 
-def start_jax(args, local: int):
+def start_jax(args, local: int, blocks: list):
     """Import JAX with ``local`` CPU devices (joining the cluster when
-    there are several hosts) and install the device map."""
+    there are several hosts) and install the device map ``blocks``."""
     _set_device_count(local)
     import jax
     if args.num_hosts > 1:
@@ -147,7 +147,6 @@ def start_jax(args, local: int):
             coordinator_address=args.coordinator,
             num_processes=args.num_hosts, process_id=args.host_index,
             initialization_timeout=args.init_timeout)
-    blocks = device_blocks(args.device_map, args.num_hosts, local)
     space = {}
     for p, ids in enumerate(blocks):
         devs = sorted((d for d in jax.devices() if d.process_index == p),
@@ -180,8 +179,8 @@ def run(args) -> int:
     check_arguments(args)
     authkey = read_authkey(args.authkey_file)
     local = args.local_devices or max(1, 8 // args.num_hosts)
-    device_blocks(args.device_map, args.num_hosts, local)  # before JAX
-    my_ids = start_jax(args, local)
+    blocks = device_blocks(args.device_map, args.num_hosts, local)
+    my_ids = start_jax(args, local, blocks)
     listening = []
 
     def terminate(*_):
