@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import struct
-import threading
 
 import numpy as np
 
@@ -26,6 +24,7 @@ from jaxcolo_fb import BufferFormat, BufferWhere, MessageKind, RootKind
 from jaxcolo import envelope, versions
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import FastBuilder, offset_vector
+from jaxcolo.process import templates
 from jaxcolo.wire import Buffer, check_enum, enum_values, layout
 
 L = layout(fb, "Message")
@@ -37,7 +36,6 @@ KIND_NAMES = {v: k for k, v in vars(MessageKind).items()
 _WHERE = enum_values(BufferWhere)
 _FORMAT = enum_values(BufferFormat)
 PROGRAM_ID_SIZE = 16
-_U64 = struct.Struct("<Q")
 MAX_LIST = 1 << 24
 
 
@@ -139,15 +137,8 @@ def _build_segments(b, segments) -> int:
 
 def encode(m: Message, version: int | None = None) -> bytes:
     """The payload of message ``m`` (written at ``version``, >= 2)."""
-    if m.kind in _TEMPLATE_KINDS and m.call_id:
-        key = _template_key(m, version)
-        if key is not None:
-            t = _ENCODE_TEMPLATES.get(key)
-            if t is None:
-                t = _make_template(m, version, key)
-            if t is not None:
-                return t.fill(m)
-    return _encode(m, version)
+    data = templates.encode(m, version, _encode)
+    return data if data is not None else _encode(m, version)
 
 
 def _encode(m: Message, version: int | None = None) -> bytes:
@@ -280,18 +271,14 @@ def decode(data, reader_version: int | None = None) -> Message:
         raise PayloadError(f"root kind {header.root_kind} is not a message",
                            "$.header.root_kind")
     body = envelope.open_body(data, header)
-    key = (len(body), header.writer_version, header.min_reader_version)
-    for t in _DECODE_TEMPLATES.get(key, ()):
-        m = t.match(body)
-        if m is not None:
-            return m
+    m = templates.match(body, header)
+    if m is not None:
+        return m
     m = _decode_body(body)
     for field, nested in (("program", m.program), ("specs", m.specs)):
         if nested is not None:
             envelope.check_nested_declared(nested, header, f"$.{field}")
-    if m.kind in _TEMPLATE_KINDS and m.call_id and \
-            _template_key(m, header.writer_version) is not None:
-        _learn(body, key, m, header.writer_version)
+    templates.learn(body, header, m, _encode)
     return m
 
 
@@ -379,142 +366,6 @@ def inspect_message(data, header) -> dict:
 
 KIND_WHERE = {v: k for k, v in vars(BufferWhere).items()
               if not k.startswith("_") and isinstance(v, int)}
-
-
-# --------------------------------------------------------------- templates
-#
-# Calls and results of one program with small inputs repeat the same message
-# layout with a new call id, lane and data bytes.  An encoder template is the
-# body built once, with the positions of those three; a decoder template is a
-# body that the full decoder accepted, with the same positions: a frame
-# equal to it outside them has the same (checked) structure, so only the
-# three are read.
-
-_TEMPLATE_KINDS = frozenset((MessageKind.call, MessageKind.discover,
-                             MessageKind.result))
-_MAX_TEMPLATES = 256
-_ENCODE_TEMPLATES: dict = {}
-_DECODE_TEMPLATES: dict = {}
-_LEARN_LOCK = threading.Lock()
-
-
-def _template_key(m: Message, version):
-    s = m.shards
-    if (m.program is not None or m.segments or m.released or
-            m.specs is not None or m.error_type is not None or m.stats or
-            m.token is not None or m.text is not None or m.instance_id or
-            m.heartbeat_ms or m.pid or m.error_pickle is not None or
-            m.error_message is not None or m.error_traceback is not None):
-        return None
-    if s is None:
-        return (m.kind, version, m.program_id, m.ordered, bool(m.lane), None)
-    if any(w != BufferWhere.message for w in s.where):
-        return None
-    return (m.kind, version, m.program_id, m.ordered, bool(m.lane),
-            tuple(s.leaf),
-            tuple(s.device), tuple(s.buffer), bytes(s.where),
-            bytes(s.format), tuple(s.offset), tuple(s.size), len(s.data))
-
-
-def _positions(body):
-    """(call_id, lane, data start, data size) positions in a body."""
-    root = Buffer(bytes(body)).root("$")
-    call = root._field(L.call_id, 8, "$", "call_id")
-    lane = root._field(L.lane, 8, "$", "lane")
-    data = (0, 0)
-    st = root.table(L.shards, "$", "shards")
-    if st is not None:
-        data = st._vector(LS.data, 1, "$.shards", "data") or (0, 0)
-    return call, lane, data[0], data[1]
-
-
-class _Template:
-    __slots__ = ("head", "body", "call", "lane", "data", "size", "proto")
-
-    def __init__(self, body, header_of, proto):
-        self.body = bytes(body)
-        self.call, self.lane, self.data, self.size = _positions(body)
-        self.head = header_of
-        self.proto = proto
-
-    def fill(self, m: Message) -> bytes:
-        body = bytearray(self.body)
-        _U64.pack_into(body, self.call, m.call_id)
-        if self.lane:
-            _U64.pack_into(body, self.lane, m.lane)
-        if self.size:
-            body[self.data:self.data + self.size] = m.shards.data
-        return envelope.seal(body, RootKind.message, *self.head)
-
-    def match(self, body) -> Message | None:
-        b = bytearray(body)
-        call = _U64.unpack_from(b, self.call)[0]
-        b[self.call:self.call + 8] = _ZERO8
-        lane = 0
-        if self.lane:
-            lane = _U64.unpack_from(b, self.lane)[0]
-            b[self.lane:self.lane + 8] = _ZERO8
-        data = b""
-        if self.size:
-            data = bytes(b[self.data:self.data + self.size])
-            b[self.data:self.data + self.size] = bytes(self.size)
-        if b != self.body:
-            return None
-        p = self.proto
-        m = Message(p.kind, call, lane, p.program_id, None,
-                    None if p.shards is None else _with_data(p.shards, data),
-                    ordered=p.ordered)
-        return m
-
-
-def _with_data(s: Shards, data) -> Shards:
-    """A copy of ``s`` with other data bytes (columns shared: read-only)."""
-    return Shards(s.leaf, s.device, s.buffer, s.where, s.format, s.offset,
-                  s.size, s.segment, s.lease, data)
-
-
-_ZERO8 = bytes(8)
-
-
-def _make_template(m: Message, version, key):
-    version = versions.check_writable(version)
-    since = versions.require("message", version, "$")
-    probe = dataclasses.replace(m, call_id=1, lane=1 if m.lane else 0)
-    if m.shards is not None:
-        probe.shards = dataclasses.replace(m.shards,
-                                           data=bytes(len(m.shards.data)))
-    data = _encode(probe, version)
-    if len(_ENCODE_TEMPLATES) >= _MAX_TEMPLATES:
-        _ENCODE_TEMPLATES.clear()
-    t = _ENCODE_TEMPLATES[key] = _Template(data[envelope.HEADER_SIZE:],
-                                           (version, since), None)
-    return t
-
-
-def _learn(body, key, m: Message, version: int) -> None:
-    """Keep ``body`` (fully decoded as ``m``) as a decoder template, if it is
-    exactly what this encoder writes for ``m``: then the masked regions
-    (call id, lane, data) are separate fields and overlap nothing else."""
-    try:
-        canonical = _encode(m, version)
-    except (EncodeError, struct.error, OverflowError, ValueError):
-        return
-    if canonical[envelope.HEADER_SIZE:] != bytes(body):
-        return
-    t = _Template(body, None, m)
-    masked = bytearray(body)
-    masked[t.call:t.call + 8] = _ZERO8
-    if t.lane:
-        masked[t.lane:t.lane + 8] = _ZERO8
-    if t.size:
-        masked[t.data:t.data + t.size] = bytes(t.size)
-    t.body = bytes(masked)
-    with _LEARN_LOCK:  # readers of several links learn at once
-        if sum(map(len, _DECODE_TEMPLATES.values())) >= _MAX_TEMPLATES:
-            _DECODE_TEMPLATES.clear()
-        lst = _DECODE_TEMPLATES.setdefault(key, [])
-        if len(lst) < 8:
-            lst.append(t)
 
 
 def _register() -> None:

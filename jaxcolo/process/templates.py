@@ -1,0 +1,184 @@
+"""Message templates: the cheap path for repeated calls and results.
+
+Calls and results of one program with small inputs repeat the same message
+layout with a new call id, lane and data bytes.
+
+* An *encoder* template is a body built once by the full encoder, with the
+  positions of those three fields: ``fill`` copies it and patches them in.
+* A *decoder* template is a body that the full decoder accepted and that the
+  full encoder writes byte for byte, with those three regions masked: a frame
+  equal to it outside them has the same (checked) structure, so ``match``
+  reads only the three and rebuilds the message from the template's own.
+
+Contract: a template never changes what is written or read.  ``encode``
+returns exactly the bytes the full encoder writes for the message, and a
+matched decode returns a message equal to what the full decoder returns.
+Both caches are bounded (``MAX_TEMPLATES``) and thread safe.
+
+This module knows the message layout (``jaxcolo_fb``) but not the message
+codec: ``jaxcolo.process.messages`` passes its full encoder in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import threading
+from typing import Callable
+
+import jaxcolo_fb as fb
+from jaxcolo_fb import BufferWhere, MessageKind, RootKind
+from jaxcolo import envelope, versions
+from jaxcolo.errors import EncodeError
+from jaxcolo.wire import Buffer, layout
+
+L = layout(fb, "Message")
+LS = layout(fb, "Shards")
+KINDS = frozenset((MessageKind.call, MessageKind.discover, MessageKind.result))
+MAX_TEMPLATES = 256
+_U64 = struct.Struct("<Q")
+_ZERO8 = bytes(8)
+
+_ENCODE: dict = {}   # template key -> _Template
+_DECODE: dict = {}   # (body size, writer, min reader) -> [_Template, ...]
+_LEARN_LOCK = threading.Lock()
+
+
+def template_key(m, version):
+    """The key of messages ``m`` shares a layout with, or None when ``m``
+    is not templated (other fields set, or buffers outside the message)."""
+    s = m.shards
+    if (m.program is not None or m.segments or m.released or
+            m.specs is not None or m.error_type is not None or m.stats or
+            m.token is not None or m.text is not None or m.instance_id or
+            m.heartbeat_ms or m.pid or m.error_pickle is not None or
+            m.error_message is not None or m.error_traceback is not None):
+        return None
+    if s is None:
+        return (m.kind, version, m.program_id, m.ordered, bool(m.lane), None)
+    if any(w != BufferWhere.message for w in s.where):
+        return None
+    return (m.kind, version, m.program_id, m.ordered, bool(m.lane),
+            tuple(s.leaf),
+            tuple(s.device), tuple(s.buffer), bytes(s.where),
+            bytes(s.format), tuple(s.offset), tuple(s.size), len(s.data))
+
+
+def _positions(body):
+    """(call_id, lane, data start, data size) positions in a body."""
+    root = Buffer(bytes(body)).root("$")
+    call = root._field(L.call_id, 8, "$", "call_id")
+    lane = root._field(L.lane, 8, "$", "lane")
+    data = (0, 0)
+    st = root.table(L.shards, "$", "shards")
+    if st is not None:
+        data = st._vector(LS.data, 1, "$.shards", "data") or (0, 0)
+    return call, lane, data[0], data[1]
+
+
+class _Template:
+    __slots__ = ("head", "body", "call", "lane", "data", "size", "proto")
+
+    def __init__(self, body, header_of, proto):
+        self.body = bytes(body)
+        self.call, self.lane, self.data, self.size = _positions(body)
+        self.head = header_of
+        self.proto = proto
+
+    def fill(self, m) -> bytes:
+        body = bytearray(self.body)
+        _U64.pack_into(body, self.call, m.call_id)
+        if self.lane:
+            _U64.pack_into(body, self.lane, m.lane)
+        if self.size:
+            body[self.data:self.data + self.size] = m.shards.data
+        return envelope.seal(body, RootKind.message, *self.head)
+
+    def match(self, body):
+        b = bytearray(body)
+        call = _U64.unpack_from(b, self.call)[0]
+        b[self.call:self.call + 8] = _ZERO8
+        lane = 0
+        if self.lane:
+            lane = _U64.unpack_from(b, self.lane)[0]
+            b[self.lane:self.lane + 8] = _ZERO8
+        data = b""
+        if self.size:
+            data = bytes(b[self.data:self.data + self.size])
+            b[self.data:self.data + self.size] = bytes(self.size)
+        if b != self.body:
+            return None
+        p = self.proto
+        s = p.shards
+        if s is not None:  # columns shared with the template: read-only
+            s = type(s)(s.leaf, s.device, s.buffer, s.where, s.format,
+                        s.offset, s.size, s.segment, s.lease, data)
+        return type(p)(p.kind, call, lane, p.program_id, None, s,
+                       ordered=p.ordered)
+
+
+def encode(m, version, encode_full: Callable) -> bytes | None:
+    """``m`` encoded through its template (made with ``encode_full`` on
+    first use), or None when ``m`` is not templated."""
+    if m.kind not in KINDS or not m.call_id:
+        return None
+    key = template_key(m, version)
+    if key is None:
+        return None
+    t = _ENCODE.get(key)
+    if t is None:
+        version = versions.check_writable(version)
+        since = versions.require("message", version, "$")
+        probe = dataclasses.replace(m, call_id=1, lane=1 if m.lane else 0)
+        if m.shards is not None:
+            probe.shards = dataclasses.replace(
+                m.shards, data=bytes(len(m.shards.data)))
+        data = encode_full(probe, version)
+        if len(_ENCODE) >= MAX_TEMPLATES:
+            _ENCODE.clear()
+        t = _ENCODE[key] = _Template(data[envelope.HEADER_SIZE:],
+                                     (version, since), None)
+    return t.fill(m)
+
+
+def match(body, header):
+    """The message of ``body`` if a decoder template matches it, else
+    None."""
+    key = (len(body), header.writer_version, header.min_reader_version)
+    for t in _DECODE.get(key, ()):
+        m = t.match(body)
+        if m is not None:
+            return m
+    return None
+
+
+def learn(body, header, m, encode_full: Callable) -> None:
+    """Keep ``body`` (fully decoded as ``m``) as a decoder template, if it is
+    templated and exactly what ``encode_full`` writes for ``m``: then the
+    masked regions (call id, lane, data) are separate fields and overlap
+    nothing else."""
+    version = header.writer_version
+    if m.kind not in KINDS or not m.call_id or \
+            template_key(m, version) is None:
+        return
+    try:
+        canonical = encode_full(m, version)
+    except (EncodeError, struct.error, OverflowError, ValueError):
+        return
+    if canonical[envelope.HEADER_SIZE:] != bytes(body):
+        return
+    t = _Template(body, None, m)
+    masked = bytearray(body)
+    masked[t.call:t.call + 8] = _ZERO8
+    if t.lane:
+        masked[t.lane:t.lane + 8] = _ZERO8
+    if t.size:
+        masked[t.data:t.data + t.size] = bytes(t.size)
+    t.body = bytes(masked)
+    key = (len(body), version, header.min_reader_version)
+    with _LEARN_LOCK:  # readers of several links learn at once
+        if sum(map(len, _DECODE.values())) >= MAX_TEMPLATES:
+            _DECODE.clear()
+        lst = _DECODE.setdefault(key, [])
+        if len(lst) < 8:
+            lst.append(t)
