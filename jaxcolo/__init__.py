@@ -7,7 +7,7 @@ use of an attribute that needs them, so a CLI or worker can configure XLA
 """
 
 from jaxcolo.errors import EncodeError, ExecutorError, PayloadError, \
-    UnknownDeviceError, VersionError
+    UnavailableHereError, UnknownDeviceError, UnregisteredError, VersionError
 from jaxcolo.versions import MIN_READABLE_VERSION, SCHEMA_VERSION
 
 _LAZY = {
@@ -32,7 +32,8 @@ _LAZY = {
 __all__ = [
     "serialize", "deserialize", "inspect", "SCHEMA_VERSION",
     "MIN_READABLE_VERSION", "PayloadError", "VersionError", "EncodeError",
-    "ExecutorError", "UnknownDeviceError", "register_effect",
+    "ExecutorError", "UnavailableHereError", "UnknownDeviceError",
+    "UnregisteredError", "register_effect",
     "register_default_factory", "colocated_python",
     "colocated_python_class", "colocated_cpu_devices", "Executor",
     "InlineExecutor", "ProcessExecutor", "use_executor", "get_executor",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 
 
@@ -17,13 +18,34 @@ def _ensure_devices() -> None:
 
 
 def _read(path: str) -> bytes | None:
-    """The file's bytes, or None (reason printed) if it cannot be read."""
+    """The bytes of regular file ``path``, or None (reason printed) if it
+    cannot be read.  Devices, FIFOs and the like are refused: reading them
+    may never end (``/dev/zero``)."""
     try:
         with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                print(f"{_printable(path)}: not a regular file",
+                      file=sys.stderr)
+                return None
             return f.read()
     except OSError as e:
-        print(f"{path}: cannot read: {e.strerror or e}", file=sys.stderr)
+        print(f"{_printable(path)}: cannot read: {e.strerror or e}",
+              file=sys.stderr)
         return None
+    except MemoryError:
+        print(f"{_printable(path)}: too large to read into memory",
+              file=sys.stderr)
+        return None
+
+
+def _printable(text) -> str:
+    """``text`` with control characters escaped (payload strings end up in
+    reasons; one reason stays one line and cannot drive the terminal)."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else
+                   c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def cmd_inspect(args) -> int:
@@ -34,13 +56,14 @@ def cmd_inspect(args) -> int:
     try:
         info = jaxcolo.inspect(data)
     except jaxcolo.PayloadError as e:
-        print(f"{args.file}: invalid payload: {e}", file=sys.stderr)
+        print(f"{_printable(args.file)}: invalid payload: {_printable(e)}",
+              file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"{args.file}: {info['format']} {info['root_kind']} payload, "
-          f"{info['size']} bytes")
+    print(f"{_printable(args.file)}: {info['format']} {info['root_kind']} "
+          f"payload, {info['size']} bytes")
     _print_fields(info, "  ", skip=("format", "root_kind", "size"))
     return 0
 
@@ -52,13 +75,13 @@ def _print_fields(info: dict, indent: str, skip=()) -> None:
         if key in skip or key == "leaves":
             continue
         if isinstance(value, dict):
-            print(f"{indent}{key}:")
+            print(f"{indent}{_printable(key)}:")
             _print_fields(value, indent + "  ")
         else:
-            print(f"{indent}{key}: {value}")
+            print(f"{indent}{_printable(key)}: {_printable(value)}")
     leaves = info.get("leaves", [])
     for i, leaf in enumerate(leaves[:20]):
-        print(f"{indent}leaf[{i}]: {leaf}")
+        print(f"{indent}leaf[{i}]: {_printable(leaf)}")
     if len(leaves) > 20:
         print(f"{indent}... {len(leaves) - 20} more leaves")
 
@@ -69,7 +92,7 @@ def cmd_check(args) -> int:
     if data is None:
         return 2  # not "unreadable by that version" (1): no payload at all
     ok, reason = check_readable(data, args.reader_version)
-    print(f"{args.file}: {reason}")
+    print(f"{_printable(args.file)}: {_printable(reason)}")
     return 0 if ok else 1
 
 
@@ -104,7 +127,12 @@ def main(argv=None) -> int:
     add_arguments(p)
     p.set_defaults(fn=cmd_worker)
     args = ap.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except BrokenPipeError:  # `jaxcolo inspect FILE | head`: not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":

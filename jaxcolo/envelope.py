@@ -126,7 +126,7 @@ def check_readable(header: Header, reader_version: int | None = None) -> None:
             f"{header.writer_version}", "$.header.min_reader_version")
     feature = _ROOT_FEATURES.get(header.root_kind)
     since = versions.FEATURE_SINCE[feature] if feature else 1
-    if header.min_reader_version < since:
+    if feature is not None and header.min_reader_version < since:
         raise PayloadError(
             f"a {feature} payload needs reader version >= {since}, but the "
             f"header declares min_reader_version {header.min_reader_version}",
@@ -141,6 +141,9 @@ def check_readable(header: Header, reader_version: int | None = None) -> None:
         raise VersionError(
             f"payload version {header.writer_version} is older than this "
             f"reader supports ({lo}..{reader})", "$.header.writer_version")
+    if feature is None:  # not a newer writer's kind: that is refused above
+        raise PayloadError(f"unknown root kind {header.root_kind}",
+                           "$.header.root_kind")
 
 
 def nested_min_reader(nested, outer_version: int, path: str,

@@ -29,9 +29,19 @@ class VersionError(PayloadError):
     """Readable bytes whose version this reader does not support."""
 
 
-class UnknownDeviceError(PayloadError):
+class UnavailableHereError(PayloadError):
+    """A well-formed payload naming something this process does not have
+    (the payload may read fine in another process): see the subclasses."""
+
+
+class UnknownDeviceError(UnavailableHereError):
     """A well-formed payload naming a device id the resolver does not know
     (the payload may be fine on another process)."""
+
+
+class UnregisteredError(UnavailableHereError):
+    """A well-formed payload naming a type this process has not registered:
+    a custom pytree node or namedtuple, an effect, a PRNG impl."""
 
 
 # Exceptions that mean "the bytes are malformed" if one ever escapes a

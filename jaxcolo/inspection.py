@@ -12,8 +12,8 @@ from jaxcolo import envelope, versions
 from jaxcolo.codec import core
 from jaxcolo.codec import spec_tree
 from jaxcolo.codec.mesh import make_resolver
-from jaxcolo.errors import PayloadError, UnknownDeviceError, \
-    reports_malformed
+from jaxcolo.errors import PayloadError, UnavailableHereError, \
+    UnknownDeviceError, reports_malformed
 
 INSPECTORS: dict = {}  # root kind -> fn(data, header) -> dict of content
 
@@ -62,6 +62,12 @@ def inspect(data) -> dict:
     fn = INSPECTORS.get(header.root_kind)
     if fn is not None:
         out.update(fn(data, header))
+    elif header.min_reader_version <= versions.SCHEMA_VERSION:
+        raise PayloadError(f"unknown root kind {header.root_kind}",
+                           "$.header.root_kind")
+    else:  # a newer writer's kind: the header is all this reader knows
+        out["content_unavailable"] = (
+            f"needs a reader of version >= {header.min_reader_version}")
     return out
 
 
@@ -88,11 +94,14 @@ def inspect_spec_tree(data, header) -> dict:
         out["structure"] = str(treedef)
         out["num_leaves"] = len(leaves)
         out["leaves"] = [repr(x) for x in leaves[:256]]
-    except UnknownDeviceError as e:
-        # Payload refers to devices this process does not have: raw view.
+    except UnavailableHereError as e:
+        # Devices or registrations this process lacks (the payload may read
+        # fine elsewhere): the raw view, and why there is no more.
         out["num_leaves"] = len(root.bytes(spec_tree.L.leaf_kinds, "$",
                                            "leaf_kinds") or b"")
-        out["devices_unavailable"] = e.reason
+        key = ("devices_unavailable" if isinstance(e, UnknownDeviceError)
+               else "content_unavailable")
+        out[key] = str(e)
     return out
 
 

@@ -105,3 +105,104 @@ def test_cli_files_that_are_no_payloads(tmp_path):
 def test_cli_demo():
     r = _cli("demo")
     assert "read back equal: True" in r.stdout
+
+
+# ------------------------------------------- check / inspect: what they claim
+
+def _spec_payload():
+    return jaxcolo.serialize({"x": jax.ShapeDtypeStruct((4,), np.float32)})
+
+
+def test_unknown_root_kind_is_neither_readable_nor_described():
+    from jaxcolo.checking import check_readable
+    data = bytearray(_spec_payload())
+    for kind in (0, 9, 200):  # the checksum covers the body only
+        data[8] = kind
+        ok, why = check_readable(bytes(data), 1)
+        assert not ok and f"unknown root kind {kind}" in why
+        with pytest.raises(jaxcolo.PayloadError, match="unknown root kind"):
+            jaxcolo.inspect(bytes(data))
+
+
+def test_check_refuses_reader_versions_that_do_not_exist():
+    from jaxcolo.checking import check_readable
+    for n in (0, -1, jaxcolo.SCHEMA_VERSION + 1, 10 ** 21):
+        ok, why = check_readable(_spec_payload(), n)
+        assert not ok and "unknown reader version" in why
+
+
+def test_check_decodes_what_it_calls_readable(monkeypatch):
+    """check runs the real decoder: a program whose in_specs are no
+    (args, kwargs) pair, or a bundle whose specs are another payload kind,
+    is well formed for a generic inspect but fails every reader."""
+    from jaxcolo.checking import check_readable
+    from jaxcolo.colocated.program import encode_program
+    import importlib
+    bundle_mod = importlib.import_module("jaxcolo.export.bundle")
+    from jaxcolo.process import messages
+    prog = encode_program(name="f", kind="function", body=b"body",
+                          in_specs=jaxcolo.serialize([jax.sharding.PartitionSpec("x")]),
+                          out_specs=None, device_ids=[0])
+    ok, why = check_readable(prog, jaxcolo.SCHEMA_VERSION)
+    assert not ok and "(args tuple, kwargs dict) pair" in why
+    exp = jax.export.export(jax.jit(lambda x: x + 1))(
+        jax.ShapeDtypeStruct((3,), np.float32))
+    ping = messages.encode(messages.Message(messages.MessageKind.ping))
+    monkeypatch.setattr(bundle_mod.spec_tree, "encode_spec_tree",
+                        lambda specs, version: ping)
+    data = bundle_mod.bundle(exp, specs={"x": 1})
+    ok, why = check_readable(data, jaxcolo.SCHEMA_VERSION)
+    assert not ok and "is not a spec tree - at $.specs" in why
+
+
+def test_unregistered_types_are_unavailable_here_not_malformed(tmp_path):
+    """A payload naming a namedtuple this process cannot resolve is fine
+    where it can: check says readable (and what it could not check),
+    inspect describes it."""
+    import collections
+    Pair = collections.namedtuple("Pair", "a b")
+    Pair.__module__ = "jaxcolo_no_such_module"
+    jax.export.register_namedtuple_serialization(
+        Pair, serialized_name="tests.unregistered.Pair")
+    data = jaxcolo.serialize(Pair(jax.ShapeDtypeStruct((2,), np.int8), None))
+    from jax._src.export._export import deserialization_registry
+    del deserialization_registry["tests.unregistered.Pair"]  # another process
+    with pytest.raises(jaxcolo.UnregisteredError):
+        jaxcolo.deserialize(data)
+    f = tmp_path / "pair.bin"
+    f.write_bytes(data)
+    r = _cli("check", str(f), "--reader-version", str(jaxcolo.SCHEMA_VERSION))
+    assert "readable by version" in r.stdout and "neither registered" in r.stdout
+    info = json.loads(_cli("inspect", str(f), "--json").stdout)
+    assert "neither registered" in info["content_unavailable"]
+
+
+def test_cli_refuses_non_regular_files_and_escapes_control_characters(
+        tmp_path):
+    r = _cli("inspect", "/dev/zero", check=False)
+    assert r.returncode == 2 and "not a regular file" in r.stderr
+    f = tmp_path / "a\nb\x1b.bin"
+    f.write_bytes(b"\x00" * 40)
+    r = _cli("check", str(f), "--reader-version", "1", check=False)
+    assert r.returncode == 1 and r.stdout.count("\n") == 1
+    assert "a\\nb\\x1b.bin" in r.stdout and "\x1b" not in r.stdout
+
+
+def test_bundle_inspect_names_the_inner_path():
+    exp = jax.export.export(jax.jit(lambda x: x * 2))(
+        jax.ShapeDtypeStruct((3,), np.float32))
+    import jaxcolo.export as je
+    from jaxcolo import envelope
+    data = je.bundle(exp, {"x": jax.ShapeDtypeStruct((3,), np.float32)})
+    h = envelope.read_header(data)
+    body = bytearray(envelope.open_body(data, h))
+    inner = bytes(exp.serialize())
+    i = bytes(body).index(inner)
+    body[i + 4:i + 8] = b"\xff\xff\x00\x00"
+    bad = envelope.seal(bytes(body), h.root_kind, h.writer_version,
+                        h.min_reader_version)
+    for fn in (jaxcolo.inspect, jaxcolo.deserialize):
+        with pytest.raises(jaxcolo.PayloadError, match=r"- at \$\.exported") \
+                as e:
+            fn(bad)
+        assert "neither a jaxcolo payload" not in str(e.value)

@@ -18,7 +18,7 @@ from jaxcolo_fb import DType
 from jaxcolo_fb import LeafKind
 from jaxcolo_fb import StringNA
 from jaxcolo.codec.core import register_leaf, register_table
-from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.wire import check_enum, enum_values, layout
 
 L = layout(fb, "DTypeSpec")
@@ -152,7 +152,7 @@ def decode_dtype_spec(t, path: str):
         name = _KIND_TO_KEY[kind]
     impl = prng.prngs.get(name)
     if impl is None:
-        raise PayloadError(
+        raise UnregisteredError(
             f"PRNG impl {name!r} is not registered in this process",
             f"{path}.prng_impl")
     return prng.KeyTy(impl)

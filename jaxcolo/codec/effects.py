@@ -20,7 +20,7 @@ from jax._src.random import prng
 import jaxcolo_fb as fb
 from jaxcolo_fb import LeafKind
 from jaxcolo.codec.core import register_leaf, register_table
-from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.wire import layout
 
 LE = layout(fb, "Effect")
@@ -139,7 +139,7 @@ def decode_effect(reader, t, path):
         raise PayloadError("effect type name missing", f"{path}.type_name")
     reg = effect_type_by_name(name)
     if reg is None:
-        raise PayloadError(
+        raise UnregisteredError(
             f"unknown effect type {name!r}: register it with "
             "jaxcolo.register_effect", f"{path}.type_name")
     etype, _, from_bytes = reg
@@ -175,7 +175,8 @@ def intern_prng_impl(writer, impl, path) -> int:
 def decode_prng_impl(name: str, path: str):
     impl = prng.prngs.get(name)
     if impl is None:
-        raise PayloadError(f"PRNG impl {name!r} is not registered here", path)
+        raise UnregisteredError(f"PRNG impl {name!r} is not registered here",
+                                path)
     return impl
 
 

@@ -21,7 +21,7 @@ from jaxcolo_fb import KeyKind
 from jaxcolo_fb import LeafKind
 from jaxcolo_fb import NodeKind
 from jaxcolo.codec.core import register_leaf, register_table
-from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.fastbuilder import offset_vector
 from jaxcolo.wire import layout
 
@@ -421,7 +421,7 @@ def _node_with_data(kind, t, children, path):
     # custom
     reg = jexport.deserialization_registry.get(name)
     if reg is None:
-        raise PayloadError(
+        raise UnregisteredError(
             f"pytree node type {name!r} is not registered here (use "
             "jax.export.register_pytree_node_serialization)", f"{path}.name")
     nodetype, deser, _ = reg
@@ -442,7 +442,7 @@ def _lookup_namedtuple(name, path):
     reg = jexport.deserialization_registry.get(name)
     nt = reg[0] if reg is not None else _resolve_imported(name)
     if not _is_namedtuple(nt):
-        raise PayloadError(
+        raise UnregisteredError(
             f"namedtuple type {name!r} is neither registered (jax.export."
             "register_namedtuple_serialization) nor defined in an imported "
             "module", f"{path}.name")

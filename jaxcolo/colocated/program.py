@@ -226,7 +226,7 @@ def _decode_specs(data: bytes, field: str, resolver, writer_version: int, *,
                 "$.header.writer_version")
         tree = spec_tree.decode_spec_tree(data, resolver)
     except PayloadError as e:
-        raise PayloadError(e.reason, f"$.{field}{e.path[1:]}") from None
+        raise type(e)(e.reason, f"$.{field}{e.path[1:]}") from None
     if args_kwargs and not (isinstance(tree, tuple) and len(tree) == 2 and
                             isinstance(tree[0], tuple) and
                             isinstance(tree[1], dict)):
@@ -274,9 +274,9 @@ def inspect_program(data, header) -> dict:
         try:
             info = inspect_payload(nested)
         except PayloadError as e:
-            raise PayloadError(e.reason, f"$.{field}{e.path[1:]}") from None
+            raise type(e)(e.reason, f"$.{field}{e.path[1:]}") from None
         keep = ("writer_version", "size", "structure", "num_leaves", "leaves",
-                "devices_unavailable")
+                "devices_unavailable", "content_unavailable")
         return {k: info[k] for k in keep if k in info}
 
     out = {"name": raw.name, "kind": raw.kind, "device_ids": list(raw.device_ids),

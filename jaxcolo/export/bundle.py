@@ -84,16 +84,11 @@ def unbundle(data, device_resolver=None) -> ExportBundle:
     """Decode a bundle.  PayloadError (with the inner field path, e.g.
     ``$.exported.in_tree``) for anything malformed."""
     exported, specs = open_bundle(data)
-    try:
-        exp = deserialize_exported(exported)
-    except PayloadError as e:
-        raise PayloadError(e.reason, "$.exported" + e.path[1:]) from None
+    exp = _nested(deserialize_exported, exported, "$.exported")
     spec_obj = None
     if specs is not None:
-        try:
-            spec_obj = spec_tree.decode_spec_tree(specs, device_resolver)
-        except PayloadError as e:
-            raise PayloadError(e.reason, "$.specs" + e.path[1:]) from None
+        spec_obj = _nested(lambda d: spec_tree.decode_spec_tree(
+            d, device_resolver), specs, "$.specs")
     return ExportBundle(exp, spec_obj)
 
 
@@ -101,10 +96,19 @@ def inspect_bundle(data, header) -> dict:
     from jaxcolo.export.inspection import inspect_jax_export
     from jaxcolo.inspection import inspect
     exported, specs = open_bundle(data, header.min_reader_version)
-    out = {"exported": inspect_jax_export(exported)}
+    out = {"exported": _nested(lambda d: inspect_jax_export(d, nested=True),
+                               exported, "$.exported")}
     if specs is not None:
-        out["specs"] = inspect(specs)
+        out["specs"] = _nested(inspect, specs, "$.specs")
     return out
+
+
+def _nested(fn, data, path: str):
+    """``fn(data)`` with a PayloadError's path put under ``path``."""
+    try:
+        return fn(data)
+    except PayloadError as e:
+        raise type(e)(e.reason, path + e.path[1:]) from None
 
 
 def _register():

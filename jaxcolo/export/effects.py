@@ -10,7 +10,7 @@ from jax._src import effects as jeffects
 from jax._src.export import _export as jexport
 
 import jaxcolo_jax_export_fb as fb
-from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.export.layouts import CHECK as LC, EFFECT as LE
 
 _CK = fb.DisabledSafetyCheckKind
@@ -48,9 +48,9 @@ def decode_effect(t, path):
         raise PayloadError("effect type name missing", f"{path}.type_name")
     etype = _effect_types().get(name)
     if etype is None:
-        raise PayloadError(f"unknown effect type {name!r} (not a lowerable "
-                           "effect known to this process)",
-                           f"{path}.type_name")
+        raise UnregisteredError(f"unknown effect type {name!r} (not a "
+                                "lowerable effect known to this process)",
+                                f"{path}.type_name")
     try:
         return etype()
     except Exception as e:

@@ -7,21 +7,20 @@ versions could have written it and which JAX releases can read it.
 
 from __future__ import annotations
 
-from jaxcolo.errors import PayloadError
+from jaxcolo.errors import PayloadError, UnavailableHereError
 from jaxcolo.export import versions
 from jaxcolo.export.decode import deserialize
 from jaxcolo.export.detect import reader_verdict, scan, version_range
 
-# Reasons that mean "this process lacks a registration", not "malformed".
-_UNAVAILABLE = ("is not registered here", "unknown effect type")
-
-
-def inspect_jax_export(data) -> dict:
-    """JSON-serialisable description.  PayloadError if malformed."""
+def inspect_jax_export(data, nested: bool = False) -> dict:
+    """JSON-serialisable description.  PayloadError if malformed (when not
+    ``nested`` in a bundle, saying that the bytes are no payload at all)."""
     try:
         lay = scan(data)
         lo, hi = version_range(data)
     except PayloadError as e:
+        if nested:
+            raise
         raise PayloadError(f"neither a jaxcolo payload (no JXCO magic) nor a "
                            f"JAX export payload: {e.reason}", e.path) from None
     readers = {}
@@ -48,9 +47,7 @@ def inspect_jax_export(data) -> dict:
         out["jax_version"] = lay.jax_version
     try:
         exp = deserialize(data)
-    except PayloadError as e:
-        if not any(s in e.reason for s in _UNAVAILABLE):
-            raise
+    except UnavailableHereError as e:  # fine elsewhere: describe what we can
         out["content_unavailable"] = str(e)
         return out
     out.update({

@@ -18,7 +18,7 @@ from jax._src import tree_util as jtu
 from jax._src.export import _export as jexport
 
 import jaxcolo_jax_export_fb as fb
-from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.export.layouts import TREE as L
 
 MAX_DEPTH = 256
@@ -169,7 +169,7 @@ class _Reader:
                                f"{path}.custom_name")
         reg = jexport.deserialization_registry.get(name)
         if reg is None:
-            raise PayloadError(
+            raise UnregisteredError(
                 f"pytree node type {name!r} is not registered here (use "
                 "jax.export.register_pytree_node_serialization or "
                 "register_namedtuple_serialization)", f"{path}.custom_name")
