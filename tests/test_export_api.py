@@ -227,6 +227,34 @@ def test_readers_of_old_versions():
     assert not v[4]["ok"] and v[5]["ok"]
 
 
+def test_readers_refusing_the_removed_shape_assertions_check():
+    """0.4.30 wrote a shape_assertions disabled check; releases up to 0.9.2
+    read it (as a no-op), 0.10.0 on raise on it."""
+    data = _golden("0.4.30", "disabled_checks_shape_assertions")
+    v = {r["version"]: r for r in je.readable_by(data)}
+    assert v[8]["ok"] and not v[10]["ok"] and not v[11]["ok"]
+    assert "shape_assertions" in v[11]["reason"]
+    info = jaxcolo.inspect(data)
+    assert "0.9.2" in info["readable_by_releases"]
+    assert "0.10.0" not in info["readable_by_releases"]
+
+
+def test_version_3_releases_know_different_dtypes():
+    """float8_e8m0fnu (enum 25) came in 0.5.1 without a version bump:
+    0.4.35 .. 0.5.0 are version-3 readers that cannot read it."""
+    exp = jax.export.export(jax.jit(lambda x: x))(
+        jax.ShapeDtypeStruct((4,), jnp.float8_e8m0fnu))
+    data = je.serialize(exp, version=3)
+    v3 = {r["version"]: r for r in je.readable_by(data)}[3]
+    assert v3["ok"] and v3["releases"] == ["0.5.1", "0.5.2", "0.5.3"]
+    assert set(v3["releases_failing"]) == {"0.4.35", "0.4.36", "0.4.37",
+                                           "0.4.38", "0.5.0"}
+    from jaxcolo.checking import check_readable
+    ok, why = check_readable(bytes(data), 3)
+    assert ok and "(0.5.1, 0.5.2, 0.5.3)" in why and "0.4.38 (dtype" in why
+    assert "0.4.38" not in jaxcolo.inspect(bytes(data))["readable_by_releases"]
+
+
 # ------------------------------------------------------------------ bundle
 
 def test_bundle_round_trip(poly_exp):

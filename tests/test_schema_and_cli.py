@@ -57,6 +57,30 @@ def test_conform_rejects_incompatible_and_accepts_appends(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@needs_flatc
+def test_schema_check_catches_what_conform_does_not(tmp_path):
+    """flatc --conform passes a removed last enum value and a renamed
+    field; the names-and-numbers check refuses both."""
+    schema = os.path.join(ROOT, "schema")
+
+    def variant(file, old, new):
+        d = tmp_path / f"v{abs(hash(new)) % 10000}"
+        shutil.copytree(schema, d, ignore=shutil.ignore_patterns("history"))
+        text = (d / file).read_text()
+        assert old in text
+        (d / file).write_text(text.replace(old, new, 1))
+        return check_schema.compare_names(schema, str(d))
+
+    assert check_schema.compare_names(schema, schema) == []
+    assert variant("executor.fbs", "  frame = 2 ", "  ") == \
+        ["BufferWhere.frame = 2 removed"]
+    assert variant("spec.fbs", "  hlo_sharding: uint32;",
+                   "  hlo_sharding_index: uint32;") == \
+        ["Sharding.hlo_sharding is now named "
+         "Sharding.hlo_sharding_index"]
+    assert check_schema.check_frozen_files() == []
+
+
 def _cli(*args, check=True):
     env = dict(os.environ)
     return subprocess.run([sys.executable, "-m", "jaxcolo.cli", *args],

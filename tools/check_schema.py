@@ -1,5 +1,13 @@
-"""Check that schema/ only evolves compatibly: ``flatc --conform`` of the
-current schema against every frozen version under schema/history/vN/.
+"""Check that schema/ only evolves compatibly with every frozen version
+under schema/history/vN/:
+
+* ``flatc --conform`` (field types and order, tables and enums kept);
+* names and numbers, which --conform does not compare: every enum value of
+  a frozen version keeps its name and number, and every table field keeps
+  its name and slot (read off flatc's Python output for both schemas; a
+  field may only disappear by being marked ``(deprecated)``);
+* the frozen files themselves are unchanged (``history/SHA256SUMS``), and
+  the newest frozen version is the library's ``SCHEMA_VERSION``.
 
     python tools/check_schema.py            # check against every frozen version
     python tools/check_schema.py --freeze N # copy schema/*.fbs to history/vN
@@ -9,15 +17,23 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
+import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from regen import ROOT, flatc  # noqa: E402
+sys.path.insert(0, ROOT)
+from jaxcolo.versions import SCHEMA_VERSION  # noqa: E402
+from jaxcolo.wire import layout  # noqa: E402
 SCHEMA_DIR = os.path.join(ROOT, "schema")
 HISTORY = os.path.join(SCHEMA_DIR, "history")
+SUMS = os.path.join(HISTORY, "SHA256SUMS")
 ROOT_FILE = "jaxcolo.fbs"
 
 
@@ -27,6 +43,106 @@ def conform(old_dir: str, new_file: str) -> subprocess.CompletedProcess:
         [flatc(), "--conform", os.path.join(old_dir, ROOT_FILE),
          "--conform-includes", old_dir, "-I", os.path.dirname(new_file),
          new_file], capture_output=True, text=True)
+
+
+def names_and_numbers(schema_dir: str) -> tuple[dict, dict]:
+    """({enum: {name: value}}, {table: {field: slot}}) of the schema whose
+    root file is in ``schema_dir``, from flatc's Python output."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([flatc(), "--python", "--gen-onefile", "--gen-all",
+                        "-o", tmp, os.path.join(schema_dir, ROOT_FILE)],
+                       check=True, capture_output=True)
+        path = os.path.join(tmp, ROOT_FILE.replace(".fbs", "_generated.py"))
+        spec = importlib.util.spec_from_file_location(
+            f"_schema_{abs(hash(schema_dir))}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    enums, tables = {}, {}
+    for name, obj in vars(module).items():
+        if not isinstance(obj, type) or obj.__module__ != module.__name__:
+            continue
+        attrs = {k: v for k, v in vars(obj).items() if not k.startswith("_")}
+        if attrs and all(type(v) is int for v in attrs.values()):
+            enums[name] = attrs
+        elif hasattr(obj, "Init"):
+            tables[name] = vars(layout(module, name))
+    return enums, tables
+
+
+def compare_names(old_dir: str, current_dir: str) -> list[str]:
+    """Problems: enum values or table fields of the frozen schema renamed,
+    renumbered, moved or removed in the current one."""
+    old_enums, old_tables = names_and_numbers(old_dir)
+    enums, tables = names_and_numbers(current_dir)
+    text = "\n".join(open(f).read() for f in
+                     glob.glob(os.path.join(current_dir, "*.fbs")))
+    out = []
+    for enum, values in old_enums.items():
+        now = enums.get(enum)
+        if now is None:
+            out.append(f"enum {enum} removed")
+            continue
+        by_value = {v: k for k, v in now.items()}
+        for name, value in values.items():
+            if now.get(name) != value:
+                out.append(f"{enum}.{name} = {value} is now "
+                           f"{enum}.{by_value.get(value, '(nothing)')} = "
+                           f"{value}" if value in by_value else
+                           f"{enum}.{name} = {value} removed")
+    for table, fields in old_tables.items():
+        now = tables.get(table)
+        if now is None:
+            out.append(f"table {table} removed")
+            continue
+        by_slot = {v: k for k, v in now.items()}
+        for name, voff in fields.items():
+            if now.get(name) == voff:
+                continue
+            if voff in by_slot:
+                out.append(f"{table}.{name} is now named "
+                           f"{table}.{by_slot[voff]}")
+            elif not re.search(rf"\b{name}\s*:[^;]*\(\s*deprecated",
+                               text, re.I):
+                out.append(f"{table}.{name} removed (mark it deprecated)")
+    return out
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def frozen_files() -> dict:
+    """relative path -> sha256 of every file under history/vN/."""
+    out = {}
+    for d in frozen_versions():
+        for f in sorted(glob.glob(os.path.join(d, "*.fbs"))):
+            out[os.path.relpath(f, HISTORY)] = _digest(f)
+    return out
+
+
+def check_frozen_files() -> list[str]:
+    """Problems: frozen files edited, added or removed since their freeze."""
+    if not os.path.exists(SUMS):
+        return [f"{os.path.relpath(SUMS, ROOT)} missing"]
+    recorded = {}
+    for line in open(SUMS):
+        digest, _, name = line.strip().partition("  ")
+        recorded[name] = digest
+    now = frozen_files()
+    out = [f"history/{n} changed after its freeze" for n in sorted(now)
+           if n in recorded and recorded[n] != now[n]]
+    out += [f"history/{n} is not in SHA256SUMS" for n in sorted(now)
+            if n not in recorded]
+    out += [f"history/{n} was removed" for n in sorted(recorded)
+            if n not in now]
+    return out
+
+
+def write_sums() -> None:
+    with open(SUMS, "w") as f:
+        for name, digest in frozen_files().items():
+            f.write(f"{digest}  {name}\n")
 
 
 def frozen_versions() -> list[str]:
@@ -43,8 +159,12 @@ def main() -> int:
         if os.path.exists(dest):
             sys.exit(f"{dest} exists: frozen versions never change")
         os.makedirs(dest)
+        problems = check_frozen_files() if os.path.exists(SUMS) else []
+        if problems:
+            sys.exit("frozen versions were edited: " + "; ".join(problems))
         for f in glob.glob(os.path.join(SCHEMA_DIR, "*.fbs")):
             shutil.copy(f, dest)
+        write_sums()
         print(f"froze schema as {os.path.relpath(dest, ROOT)}")
         return 0
     failures = 0
@@ -57,8 +177,22 @@ def main() -> int:
         if r.returncode:
             failures += 1
             print(r.stdout + r.stderr)
+        renamed = compare_names(d, SCHEMA_DIR)
+        print(f"names and numbers vs {os.path.relpath(d, ROOT)}: "
+              f"{'ok' if not renamed else 'CHANGED'}")
+        for problem in renamed:
+            failures += 1
+            print(f"  {problem}")
     if not versions:
         print("no frozen schema versions under schema/history yet")
+        failures += 1
+    elif os.path.basename(versions[-1]) != f"v{SCHEMA_VERSION}":
+        print(f"SCHEMA_VERSION is {SCHEMA_VERSION} but the newest frozen "
+              f"schema is {os.path.basename(versions[-1])}")
+        failures += 1
+    for problem in check_frozen_files():
+        print(f"frozen files: {problem}")
+        failures += 1
     return 1 if failures else 0
 
 

@@ -19,10 +19,12 @@ import dataclasses
 from jaxcolo.errors import PayloadError
 from jaxcolo.export import versions
 from jaxcolo.export.decode import as_buffer
-from jaxcolo.export.layouts import AVAL as LV, DEVICE as LD, \
+from jaxcolo.export.layouts import AVAL as LV, CHECK as LC, DEVICE as LD, \
     EXPORTED as L, MESH as LM, NAMED as LN, SHARDING as LS, TREE as LT
+from jaxcolo_jax_export_fb import DisabledSafetyCheckKind
 
 MAX_DEPTH = 256
+_SHAPE_ASSERTIONS = DisabledSafetyCheckKind.shape_assertions
 
 
 @dataclasses.dataclass
@@ -43,6 +45,7 @@ class Layout:
     unique_tables: bool = False
     legacy_vectors: bool = True      # per-entry in_avals etc. are written
     jax_version: str | None = None
+    shape_assertions: bool = False   # the 0.4.30 disabled check occurs
 
 
 def _present(t, voff) -> bool:
@@ -92,6 +95,12 @@ def _exported(buf, t, path, out, depth):
                                    "unique_abstract_meshes")):
         q = f"{path}.unique_abstract_meshes[{i}]"
         _mesh(buf.table_at(p, q), q, out)
+    for i, p in enumerate(t.tables(L.disabled_checks, path,
+                                   "disabled_checks")):
+        q = f"{path}.disabled_checks[{i}]"
+        if buf.table_at(p, q).scalar(LC.kind, "u8", 0, q, "kind") == \
+                _SHAPE_ASSERTIONS:
+            out.shape_assertions = True
     vjp = t.table(L.vjp, path, "vjp")
     if vjp is not None:
         _exported(buf, vjp, f"{path}.vjp", out, depth + 1)
@@ -184,8 +193,10 @@ def serialization_version(data) -> int:
 
 # -------------------------------------------------------------- readers
 
-def reader_verdict(version: int, lay: Layout) -> tuple[bool, str]:
-    """Can JAX's reader of ``version`` read a payload with layout ``lay``
+def reader_verdict(version: int, lay: Layout,
+                   release: str | None = None) -> tuple[bool, str]:
+    """Can JAX's reader of ``version`` (of PyPI release ``release`` of that
+    version; None: its newest) read a payload with layout ``lay``
     correctly?  (ok, reason)."""
     row = versions.info(version)
     if version == 2 and lay.stored - {2}:
@@ -194,8 +205,11 @@ def reader_verdict(version: int, lay: Layout) -> tuple[bool, str]:
         return False, "readers of versions 3-4 require stored version 2 or 3"
     if lay.custom_nodes and not row.custom_pytree:
         return False, "custom pytree nodes need a reader of version >= 3"
-    if lay.max_dtype > row.max_dtype:
+    if lay.max_dtype > row.max_dtype_of(release):
         return False, f"dtype enum value {lay.max_dtype} is unknown to it"
+    if lay.shape_assertions and not row.shape_assertions:
+        return False, ("it refuses the shape_assertions disabled check "
+                       "(removed from JAX)")
     if not row.nr_devices_long and not lay.nr_short:
         return False, "it reads only nr_devices_short, which is absent"
     if lay.host_memory and not row.memory_space:
@@ -214,11 +228,28 @@ def reader_verdict(version: int, lay: Layout) -> tuple[bool, str]:
 
 
 def readable_by(data) -> list[dict]:
-    """For each serialization version: can its JAX readers read ``data``?"""
+    """For each serialization version: can its JAX readers read ``data``?
+    ``ok``/``reason``: the version's reader (its newest release);
+    ``releases``: its PyPI releases that read it; ``releases_failing``:
+    release -> reason for those that do not."""
     lay = scan(data)
     out = []
     for row in versions.HISTORY:
         ok, reason = reader_verdict(row.version, lay)
-        out.append({"version": row.version, "releases": list(row.releases),
-                    "ok": ok, "reason": reason})
+        failing = {}
+        for r in row.releases:
+            r_ok, why = reader_verdict(row.version, lay, r)
+            if not r_ok:
+                failing[r] = why
+        out.append({"version": row.version,
+                     "releases": [r for r in row.releases if r not in failing],
+                     "ok": ok, "reason": reason,
+                     "releases_failing": failing})
     return out
+
+
+def releases_reading(version: int, lay: Layout) -> list[str]:
+    """The PyPI releases of serialization version ``version`` that read a
+    payload with layout ``lay`` correctly."""
+    return [r for r in versions.info(version).releases
+            if reader_verdict(version, lay, r)[0]]

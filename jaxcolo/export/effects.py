@@ -89,8 +89,8 @@ def decode_check(t, path):
                                f"{path}.custom_call_target")
         return DisabledSafetyCheck.custom_call(target)
     if kind == _CK.shape_assertions:
-        # Removed from JAX in Nov 2024; JAX 0.4.35..0.8.x read it as a no-op
-        # custom_call("no op").  jaxcolo does the same.
+        # Removed from JAX in Nov 2024; JAX 0.4.35..0.9.2 read it as a no-op
+        # custom_call("no op") (0.10.0 on refuse it).  jaxcolo reads it so.
         return DisabledSafetyCheck.custom_call("no op")
     raise PayloadError(f"unknown DisabledSafetyCheckKind value {kind}",
                        f"{path}.kind")

@@ -42,9 +42,11 @@ def serialize(exp, vjp_order: int = 0, version: int | None = None
     """Serialize ``exp`` as JAX's ``Exported.serialize(vjp_order)`` does.
 
     ``version=None`` writes what jax 0.10.2 writes (version 11, byte for
-    byte); ``version=N`` writes what the JAX release whose newest
-    serialization version is N reads.  Raises EncodeError (a ValueError) if
-    ``exp`` uses something version N cannot express.
+    byte); ``version=N`` writes what the newest JAX release whose newest
+    serialization version is N reads (older releases of version 3 know
+    fewer dtypes: ``readable_by`` and ``jaxcolo check`` say which).  Raises
+    EncodeError (a ValueError) if ``exp`` uses something version N cannot
+    express.
     """
     row = versions.check_writable(version)
     if not isinstance(vjp_order, int) or isinstance(vjp_order, bool) or \

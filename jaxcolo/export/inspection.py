@@ -10,7 +10,8 @@ from __future__ import annotations
 from jaxcolo.errors import PayloadError, UnavailableHereError
 from jaxcolo.export import versions
 from jaxcolo.export.decode import deserialize
-from jaxcolo.export.detect import reader_verdict, scan, version_range
+from jaxcolo.export.detect import reader_verdict, releases_reading, scan, \
+    version_range
 
 def inspect_jax_export(data, nested: bool = False) -> dict:
     """JSON-serialisable description.  PayloadError if malformed (when not
@@ -39,7 +40,7 @@ def inspect_jax_export(data, nested: bool = False) -> dict:
         "readable_by_versions": [v for v, (ok, _) in readers.items() if ok],
         "readable_by_releases": [r for row in versions.HISTORY
                                  if readers[row.version][0]
-                                 for r in row.releases],
+                                 for r in releases_reading(row.version, lay)],
         "not_readable_by": {v: why for v, (ok, why) in readers.items()
                             if not ok},
     }
@@ -90,16 +91,24 @@ def check_jax_export(data, reader_version: int) -> tuple[bool, str]:
         return False, (f"unknown JAX serialization version {reader_version}; "
                        f"known: {list(versions.VERSIONS)}")
     try:
-        ok, why = reader_verdict(reader_version, scan(data))
+        lay = scan(data)
     except PayloadError as e:
         return False, f"malformed payload: {e}"
-    releases = ", ".join(versions.info(reader_version).releases) or \
-        "no PyPI release"
+    ok, why = reader_verdict(reader_version, lay)
+    all_releases = versions.info(reader_version).releases
+    reading = releases_reading(reader_version, lay)
+    releases = ", ".join(reading if ok else all_releases) or "no PyPI release"
     lo, hi = info["version_range"]
     written = f"payload version {lo}" + (f"..{hi}" if hi != lo else "")
     if not ok:
         return False, (f"not readable by JAX serialization version "
                        f"{reader_version} ({releases}): {why} ({written})")
+    failing = [(r, reader_verdict(reader_version, lay, r)[1])
+               for r in all_releases if r not in reading]
+    if failing:
+        why = "; ".join([] if why == "ok" else [why]) + \
+            ("; " if why != "ok" else "") + "but not by " + ", ".join(
+                f"{r} ({reason})" for r, reason in failing)
     return True, (f"readable by JAX serialization version {reader_version} "
                   f"({releases}){'' if why == 'ok' else ': ' + why} "
                   f"({written})")

@@ -15,6 +15,12 @@ Facts (from the JAX releases' own serialization modules, 0.4.30 … 0.10.2):
   release (12 is JAX main, which adds ``jax_version``).
 * Version 6 releases differ: 0.9.0 still wrote ``nr_devices_short``, 0.9.1
   stopped.  jaxcolo's version-6 writer follows 0.9.1.
+* Version 3 releases differ in the dtypes they know (new float8/float4
+  kinds came without a version bump): the DType enum ends at 22 in 0.4.35,
+  24 in 0.4.36 .. 0.5.0, 25 in 0.5.1 .. 0.5.2 and 26 in 0.5.3
+  (``release_max_dtype``).  Every version-4+ release ends at 29.
+* The 0.4.30 ``shape_assertions`` disabled check is read (as a no-op) by
+  every release up to 0.9.2; 0.10.0 and later refuse it.
 """
 
 from __future__ import annotations
@@ -47,6 +53,15 @@ class ExportVersion:
     device_platform: bool       # writes AbstractDevice.platform
     unique_tables: bool         # writes unique_* tables and *_idxs vectors
     jax_version: bool           # writes Exported.jax_version
+    # ---- its readers
+    shape_assertions: bool      # reads the shape_assertions disabled check
+    # releases of this version whose DType enum ends below max_dtype
+    release_max_dtype: tuple[tuple[str, int], ...] = ()
+
+    def max_dtype_of(self, release: str | None) -> int:
+        """The largest DType value ``release`` (None: the version's newest
+        release) reads."""
+        return dict(self.release_max_dtype).get(release, self.max_dtype)
 
 
 def _v(version, stored, releases, added, **layout):
@@ -54,20 +69,23 @@ def _v(version, stored, releases, added, **layout):
                 short_optional=False,
                 nr_devices_long=False, memory_space=False, hlo_shardings=True,
                 named_shardings=False, abstract_device=False,
-                device_platform=False, unique_tables=False, jax_version=False)
+                device_platform=False, unique_tables=False, jax_version=False,
+                shape_assertions=True)
     base.update(layout)
     return ExportVersion(version, stored, releases, added, **base)
 
 
-_V3 = dict(max_dtype=26, custom_pytree=True)
-_V4 = dict(_V3, max_dtype=29)
+_V3 = dict(max_dtype=26, custom_pytree=True, release_max_dtype=(
+    ("0.4.35", 22), ("0.4.36", 24), ("0.4.37", 24), ("0.4.38", 24),
+    ("0.5.0", 24), ("0.5.1", 25), ("0.5.2", 25)))
+_V4 = dict(_V3, max_dtype=29, release_max_dtype=())
 _V5 = dict(_V4, nr_devices_long=True, memory_space=True)
 _V6 = dict(_V5, nr_devices_short=False, short_optional=True,
            named_shardings=True)
 _V7 = dict(_V6, hlo_shardings=False, short_optional=False)
 _V8 = dict(_V6, abstract_device=True, short_optional=False)
 _V9 = dict(_V8, hlo_shardings=False)
-_V10 = dict(_V9, unique_tables=True)
+_V10 = dict(_V9, unique_tables=True, shape_assertions=False)
 _V11 = dict(_V10, device_platform=True)
 _V12 = dict(_V11, jax_version=True)
 

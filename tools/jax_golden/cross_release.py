@@ -49,7 +49,8 @@ import jaxcolo.export as je  # noqa: E402
 # version -> (release to test with, golden dir whose payloads are rewritten)
 TARGETS = {
     2: [("0.4.30", "jax-0.4.30")],
-    3: [("0.4.38", "jax-0.4.38"), ("0.5.3", "jax-0.5.3")],
+    3: [("0.4.38", "jax-0.4.38"), ("0.5.3", "jax-0.5.3"),
+        ("0.4.38", "jax-0.10.2"), ("0.5.3", "jax-0.10.2")],
     4: [("0.6.2", "jax-0.6.2"), ("0.7.2", "jax-0.7.2")],
     5: [("0.8.3", "jax-0.8.3"), ("0.8.3", "jax-0.10.2")],
     6: [("0.9.1", "jax-0.9.2"), ("0.9.1", "jax-0.8.3"),
@@ -70,8 +71,12 @@ def as_exported_by_jax(exp):
         out_shardings_hlo=(None,) * len(exp.out_shardings_hlo))
 
 
-def write_cases(version: int, src: str, dest: str) -> list[dict]:
-    """Rewrite the golden dir ``src`` at ``version`` into ``dest``."""
+def write_cases(version: int, src: str, dest: str,
+                release: str | None = None) -> list[dict]:
+    """Rewrite the golden dir ``src`` at ``version`` into ``dest``.  A case
+    that jaxcolo's verdict says ``release`` cannot read gets
+    ``expect_fail`` (the reason): the release must then fail on it."""
+    from jaxcolo.export.detect import reader_verdict, scan
     import golden_types
     golden_types.register_serialization()
     golden_types.setup_testing_effects()
@@ -93,6 +98,9 @@ def write_cases(version: int, src: str, dest: str) -> list[dict]:
             cases.append(case)
             continue
         assert je.serialization_version(out) <= version
+        ok, why = reader_verdict(version, scan(out), release)
+        if not ok:
+            case["expect_fail"] = why
         open(os.path.join(dest, case["file"]), "wb").write(bytes(out))
         shutil.copy(os.path.join(GOLDEN, src, case["io_file"]), dest)
         cases.append(case)
@@ -149,10 +157,14 @@ def main(argv=None) -> int:
         for release, src in targets:
             venv = os.path.join(args.venv_root, f"jax-{release}")
             root = os.path.join(args.out, f"v{version}-{release}-{src}")
-            cases = write_cases(version, src, os.path.join(root, src))
+            cases = write_cases(version, src, os.path.join(root, src),
+                                release)
             if not os.path.exists(os.path.join(venv, "bin", "python")):
-                rows.append((version, release, src, "-", "-", "-",
-                             f"no venv at {venv}"))
+                totals["fail"] += 1  # unchecked is not passed
+                rows.append((version, release, src, "-", "FAIL", "-",
+                             f"no venv at {venv}: nothing checked"))
+                print(f"v{version} -> jax {release}: FAIL, no venv at {venv}",
+                      flush=True)
                 continue
             results = run_release(venv, root)
             passed, failed, notes = [], [], []
@@ -162,7 +174,17 @@ def main(argv=None) -> int:
                 if c["status"] != "ok":
                     continue
                 status, msg = results.get(c["name"], ("FAIL", "no result"))
-                if status in ("PASS", "XPASS"):
+                ok = status in ("PASS", "XPASS")
+                if "expect_fail" in c:  # the verdict is what is checked
+                    if ok:
+                        failed.append(f"{c['name']}: read fine, but jaxcolo "
+                                      f"says {release} cannot "
+                                      f"({c['expect_fail']})")
+                    else:
+                        passed.append(c["name"])
+                        notes.append(f"{c['name']} refused as predicted "
+                                     f"({c['expect_fail']}): {msg[:120]}")
+                elif ok:
                     passed.append(c["name"])
                 else:
                     failed.append(f"{c['name']}: {msg[:200]}")
@@ -189,6 +211,9 @@ def main(argv=None) -> int:
                 print("   FAIL", f)
     write_report(args.report, rows, totals)
     print(f"totals: {totals}; report: {args.report}")
+    if not totals["pass"]:
+        print("nothing passed (no targets, or none could run): failing")
+        return 1
     return 1 if totals["fail"] else 0
 
 
