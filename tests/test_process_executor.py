@@ -124,17 +124,79 @@ def test_large_arrays_round_trip(shm):
         out_specs_fn=_identity)
     with jaxcolo.ProcessExecutor(num_hosts=1, shm=shm) as ex, \
             jaxcolo.use_executor(ex):
-        for _ in range(3):
+        for _ in range(6):
             out = f(x)
             assert out.sharding == s
             np.testing.assert_array_equal(jax.device_get(out),
                                           a.astype(np.float32) * 2)
         del out
         host = ex.stats()["hosts"][0]
-    if shm:  # segments are reused, not one per call
-        assert 0 < host["segments"] <= 4
+    if shm:  # segments are reused, not one per call (a result in use
+        # keeps its segments: the previous `out` lives during each call)
+        assert 0 < host["segments"] <= 8
     else:
         assert host.get("segments", 0) == 0
+
+
+@jaxcolo.colocated_python_class
+class _Keeper:
+    def __init__(self):
+        self.saved = None
+
+    def keep(self, x):
+        self.saved = x
+        return x
+
+    def get(self, x):
+        return self.saved
+
+
+def test_arrays_in_use_keep_their_shared_memory(one_host):
+    """JAX aliases shared-memory buffers: results kept by the caller, inputs
+    kept by a host instance, and shards or numpy views taken from them must
+    not change when later calls reuse segments."""
+    dev = cpu_devices()[0]
+    big = lambda v: jax.device_put(np.full(1 << 20, v, np.float32), dev)  # noqa: E731
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=_identity)
+    with jaxcolo.use_executor(one_host):
+        r1 = f(big(0))
+        shard, view = r1.addressable_shards[0].data, np.asarray(r1)
+        del r1
+        for v in (10, 20, 30):
+            f(big(v))
+        assert float(shard[0]) == 1.0 and view[0] == 1.0
+        k = _Keeper()
+        k.keep(big(5))
+        k.get(big(0))
+        k.keep(big(7))
+        for v in (100, 200):
+            k.get(big(v))
+        assert float(k.get(big(0))[0]) == 7.0
+
+
+def test_timed_out_future_callback_may_make_calls(tmp_path):
+    """A done-callback of a timed-out future makes a call while another
+    thread reads the host's replies: both complete (the callback ran under
+    the executor's lock, and the reader blocked on it for ever)."""
+    slow = jaxcolo.colocated_python(
+        lambda x: (time.sleep(1.5), x)[1]).specialize(out_specs_fn=_identity)
+    quick = jaxcolo.colocated_python(_identity).specialize(
+        out_specs_fn=_identity)
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+        x = put(np.int32(1), cpu_devices()[0])
+        quick(x)
+        done = []
+        b = threading.Thread(target=lambda: done.append(int(slow(x))))
+        b.start()
+        time.sleep(0.2)  # b reads host 0's replies now
+        with ex.timeout(0.3):
+            fut = slow.submit(x)
+        fut.add_done_callback(lambda f: done.append(int(quick(x)) + 10))
+        b.join(20)
+        assert not b.is_alive() and sorted(done) == [1, 11]
+        with pytest.raises(jaxcolo.ExecutorError, match="timed out"):
+            fut.result()
 
 
 def test_messages_are_payloads_without_pickle():

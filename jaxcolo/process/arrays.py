@@ -21,7 +21,7 @@ the controller's ids on both sides.
 from __future__ import annotations
 
 import math
-import weakref
+import functools
 
 import jax
 import numpy as np
@@ -339,13 +339,12 @@ def message_buffers(m, channel, maps, released):
             return memoryview(s.data)[s.offset[j]:s.offset[j] + s.size[j]]
         if w == BufferWhere.frame:
             return frames[j]
-        try:
-            view = maps.view(s.segment[j], s.offset[j], s.size[j])
-        except (KeyError, ValueError) as e:
+        try:  # the lease goes back once its mapping is unused (aliases too)
+            return maps.view(s.segment[j], s.offset[j], s.size[j],
+                             functools.partial(released.put, s.lease[j]))
+        except (KeyError, ValueError, OSError) as e:
             raise PayloadError(f"bad shared-memory buffer {j}: {e}",
                                f"$.shards.segment[{j}]") from None
-        weakref.finalize(view, released.put, s.lease[j])
-        return view
     return get
 
 

@@ -358,6 +358,9 @@ class ProcessExecutor(Executor):
             self._fail_pending(call_id, ExecutorError(
                 f"{link.describe}: could not send the call: {e}"))
         except BaseException as e:
+            if link.is_lost:  # e.g. its segment pool closed under us
+                e = ExecutorError(f"{link.describe} was lost while the call "
+                                  f"was being sent ({e!r})")
             self._fail_pending(call_id, e)
 
     def _fail_pending(self, call_id, error) -> None:
@@ -404,8 +407,11 @@ class ProcessExecutor(Executor):
             self._deadline_cv.notify()
 
     def _deadline_loop(self) -> None:
-        with self._deadline_cv:
-            while not self._closed:
+        while True:
+            expired = []
+            with self._deadline_cv:
+                if self._closed:
+                    return
                 now = time.monotonic()
                 while self._deadlines and self._deadlines[0][0] <= now:
                     _, _, call, seconds = heapq.heappop(self._deadlines)
@@ -414,12 +420,19 @@ class ProcessExecutor(Executor):
                     self._stats["timeouts"] += 1
                     for cid in call.call_ids:
                         self._pending.pop(cid, None)
-                    call.fail(ExecutorError(
-                        f"{call.plan.name}: call timed out after {seconds}s "
-                        f"on host(s) {list(call.plan.hosts)}; it may still "
-                        "run there, its result will be dropped"))
-                wait = self._deadlines[0][0] - now if self._deadlines else None
-                self._deadline_cv.wait(wait)
+                    expired.append((call, seconds))
+                if not expired:
+                    wait = (self._deadlines[0][0] - now if self._deadlines
+                            else None)
+                    self._deadline_cv.wait(wait)
+                    continue
+            # Failing runs the futures' callbacks: never under the lock (a
+            # callback may make a call, whose reply needs the lock).
+            for call, seconds in expired:
+                call.fail(ExecutorError(
+                    f"{call.plan.name}: call timed out after {seconds}s "
+                    f"on host(s) {list(call.plan.hosts)}; it may still "
+                    "run there, its result will be dropped"))
 
     # ------------------------------------------------------------ faults
     def _on_lost(self, link: HostLink, reason: str) -> None:

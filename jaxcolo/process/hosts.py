@@ -49,6 +49,7 @@ class HostLink:
         self.peer = self.channel.peer
         self.device_ids = tuple(self.peer.device_ids)
         self.pid = pid
+        self._started_pid = pid  # a worker this process started (local)
         self.pool = None
         self.maps = blobs.SegmentMaps()
         self.registered: set = set()
@@ -283,6 +284,9 @@ class HostLink:
         if self.pool is not None:
             self.pool.close()
         self.maps.unlink_all()  # a killed worker cannot unlink its own
+        if self._started_pid:  # nor the ones it had not announced yet
+            blobs.unlink_process_segments(self._started_pid)
+        self.maps.clear()
         for box in list(self._stats_waiters.values()):
             box[0].set()
         self._kick.set()
@@ -305,6 +309,7 @@ class HostLink:
             self._role.notify_all()
         if self.pool is not None:
             self.pool.close()
+        self.maps.clear()
 
 
 def controller_hello(min_version=None, max_version=None):

@@ -398,6 +398,7 @@ class Session:
         self.channel.close()
         if self._pool is not None:
             self._pool.close()
+        self._maps.clear()
         try:
             self._inline.close()
         except Exception:  # instances' __del__ errors must not stop us

@@ -26,6 +26,7 @@ import os
 import queue
 import secrets
 import threading
+import weakref
 
 import numpy as np
 
@@ -154,35 +155,53 @@ class SegmentPool:
 
 
 class SegmentMaps:
-    """The peer's segments, mapped at their first announcement."""
+    """The peer's segments, opened at their first announcement.
+
+    Every buffer read gets a mapping of its own (:meth:`view`): JAX on CPU
+    may alias a buffer's memory and then keeps *that mapping object* alive,
+    through every array, shard or numpy view derived from it, while it
+    keeps no Python view alive.  So "the buffer is no longer used" is "its
+    mapping was collected", and the lease goes back only then (reusing the
+    segment earlier overwrote arrays still in use)."""
 
     def __init__(self):
-        self._maps: dict[int, np.ndarray] = {}
+        self._fds: dict[int, tuple[int, int]] = {}  # id -> (fd, size)
         self.names: dict[int, str] = {}
         self._lock = threading.Lock()
 
     def add(self, sid: int, name: str, size: int) -> None:
-        """Map an announced segment (OSError if it cannot be opened)."""
+        """Open an announced segment (OSError if it cannot be opened)."""
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_RDWR)
         try:
             if os.fstat(fd).st_size < size:
                 raise OSError(f"segment {name} is smaller than announced")
-            mm = mmap.mmap(fd, size)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
         with self._lock:
-            self._maps[sid] = np.frombuffer(mm, np.uint8)
+            old = self._fds.pop(sid, None)
+            self._fds[sid] = (fd, size)
             self.names[sid] = name
+        if old is not None:
+            os.close(old[0])
 
-    def view(self, sid: int, offset: int, size: int) -> np.ndarray:
-        """``size`` bytes at ``offset`` of segment ``sid`` (KeyError if it
-        was never announced, ValueError if out of bounds)."""
-        m = self._maps[sid]
-        if offset + size > m.size:
-            raise ValueError(f"{offset}+{size} bytes outside segment {sid} "
-                             f"({m.size} bytes)")
-        return m[offset:offset + size]
+    def view(self, sid: int, offset: int, size: int, on_unused=None):
+        """``size`` bytes at ``offset`` of segment ``sid``, in a mapping of
+        their own (KeyError if the segment was never announced, ValueError
+        if out of bounds).  ``on_unused()`` runs once nothing uses the
+        mapping any more (no view, array or alias of it is left)."""
+        with self._lock:
+            fd, seg_size = self._fds[sid]
+            if offset < 0 or size < 0 or offset + size > seg_size:
+                raise ValueError(f"{offset}+{size} bytes outside segment "
+                                 f"{sid} ({seg_size} bytes)")
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            mm = mmap.mmap(fd, max(offset + size - start, 1),
+                           flags=mmap.MAP_SHARED | _POPULATE, offset=start)
+        if on_unused is not None:
+            weakref.finalize(mm, on_unused)
+        return np.frombuffer(mm, np.uint8, size, offset - start)
 
     def unlink_all(self) -> None:
         """Remove the files of every segment seen (the peer is lost)."""
@@ -191,9 +210,30 @@ class SegmentMaps:
                 unlink(name)
 
     def clear(self) -> None:
+        """Close the segments (mappings in use live on)."""
         with self._lock:
-            self._maps.clear()
+            fds = [fd for fd, _ in self._fds.values()]
+            self._fds.clear()
             self.names.clear()
+        for fd in fds:
+            os.close(fd)
+
+
+# Fill a fresh mapping's page tables at once (one call, no page faults).
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def unlink_process_segments(pid: int) -> None:
+    """Remove every segment file a (lost) process ``pid`` of this machine
+    created: SegmentPool names start with ``jaxcolo-<pid>-``."""
+    prefix = f"jaxcolo-{int(pid)}-"
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix):
+            unlink(name)
 
 
 def probe_segment(token: bytes) -> tuple[str, object]:
