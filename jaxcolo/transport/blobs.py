@@ -3,9 +3,10 @@
 Each side of a connection sends large buffers in segments it owns
 (:class:`SegmentPool`): files under ``/dev/shm`` that it creates, maps and
 reuses.  A segment is *leased* for one buffer; the receiver maps the segment
-once (:class:`SegmentMaps`, on its first announcement in a message), reads
+(:class:`SegmentMaps`, opened on its first announcement in a message), reads
 the buffer in place -- JAX on CPU may alias the mapping, with no copy -- and
-sends the lease id back when its last view of the buffer is gone, so the
+sends the lease id back when the buffer's own mapping is collected (JAX
+keeps that mapping, not a view, alive while it aliases it), so the
 sender reuses the segment (warm pages: no page faults on the next call).
 
 Files are unlinked as soon as the receiver has mapped them (at the first
