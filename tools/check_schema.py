@@ -78,32 +78,36 @@ def compare_names(old_dir: str, current_dir: str) -> list[str]:
                      glob.glob(os.path.join(current_dir, "*.fbs")))
     out = []
     for enum, values in old_enums.items():
-        now = enums.get(enum)
-        if now is None:
-            out.append(f"enum {enum} removed")
-            continue
-        by_value = {v: k for k, v in now.items()}
-        for name, value in values.items():
-            if now.get(name) != value:
-                out.append(f"{enum}.{name} = {value} is now "
-                           f"{enum}.{by_value.get(value, '(nothing)')} = "
-                           f"{value}" if value in by_value else
-                           f"{enum}.{name} = {value} removed")
+        out += _changes("enum", enum, values, enums.get(enum),
+                        lambda name, value: f"{name} = {value}")
     for table, fields in old_tables.items():
-        now = tables.get(table)
-        if now is None:
-            out.append(f"table {table} removed")
+        out += _changes("table", table, fields, tables.get(table),
+                        lambda name, voff: name,
+                        lambda name: re.search(
+                            rf"\b{name}\s*:[^;]*\(\s*deprecated", text, re.I),
+                        " (mark it deprecated)")
+    return out
+
+
+def _changes(kind, owner, old: dict, now: dict | None, show,
+             may_vanish=lambda name: False, removed_hint="") -> list[str]:
+    """How ``old`` (name -> number: enum values, or fields' vtable slots)
+    of ``owner`` changed in ``now``: renamed, moved or removed."""
+    if now is None:
+        return [f"{kind} {owner} removed"]
+    by_number = {v: k for k, v in now.items()}
+    out = []
+    for name, number in old.items():
+        if now.get(name) == number:
             continue
-        by_slot = {v: k for k, v in now.items()}
-        for name, voff in fields.items():
-            if now.get(name) == voff:
-                continue
-            if voff in by_slot:
-                out.append(f"{table}.{name} is now named "
-                           f"{table}.{by_slot[voff]}")
-            elif not re.search(rf"\b{name}\s*:[^;]*\(\s*deprecated",
-                               text, re.I):
-                out.append(f"{table}.{name} removed (mark it deprecated)")
+        if number in by_number:
+            out.append(f"{owner}.{name} is now named "
+                       f"{owner}.{by_number[number]}")
+        elif name in now:
+            out.append(f"{owner}.{show(name, number)} is now "
+                       f"{owner}.{show(name, now[name])}")
+        elif not may_vanish(name):
+            out.append(f"{owner}.{show(name, number)} removed{removed_hint}")
     return out
 
 

@@ -106,9 +106,9 @@ def check_jax_export(data, reader_version: int) -> tuple[bool, str]:
     failing = [(r, reader_verdict(reader_version, lay, r)[1])
                for r in all_releases if r not in reading]
     if failing:
-        why = "; ".join([] if why == "ok" else [why]) + \
-            ("; " if why != "ok" else "") + "but not by " + ", ".join(
-                f"{r} ({reason})" for r, reason in failing)
+        but = "but not by " + ", ".join(f"{r} ({reason})"
+                                        for r, reason in failing)
+        why = but if why == "ok" else f"{why}; {but}"
     return True, (f"readable by JAX serialization version {reader_version} "
                   f"({releases}){'' if why == 'ok' else ': ' + why} "
                   f"({written})")
