@@ -72,6 +72,58 @@ def test_instance_created_at_first_call_destroyed_with_wrapper(executor,
     assert flags() == {"initialized": True, "destroyed": True}
 
 
+def test_method_keeps_its_instance_after_the_wrapper_is_gone(executor,
+                                                             flags):
+    """A method taken from a wrapper keeps the host instance alive (the
+    instance is created by the method's call, after the wrapper is gone)
+    and drops it with the last reference."""
+    Object = _object_class()
+    echo = Object().echo  # the wrapper itself is collected here
+    gc.collect()
+    x = put(3, cpu_devices()[0])
+    assert int(echo(x)) == 3 and int(echo(x)) == 3
+    assert flags() == {"initialized": True, "destroyed": False}
+    assert get_state("inits") == 1
+    del echo
+    gc.collect()
+    assert flags() == {"initialized": True, "destroyed": True}
+
+
+def test_copies_share_the_instance_deep_copies_are_refused(executor, flags):
+    import copy
+    import pickle
+
+    @jaxcolo.colocated_python_class
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def __del__(self):
+            state.destroyed = True
+
+        def bump(self, x):
+            self.n += 1
+            return jax.device_put(np.int32(self.n), x.sharding)
+
+    x = put(0, cpu_devices()[0])
+    a = Counter()
+    assert int(a.bump(x)) == 1
+    b = copy.copy(a)
+    assert type(b) is type(a) and int(b.bump(x)) == 2  # the same instance
+    for how, fn in (("deep-copied", copy.deepcopy), ("pickled", pickle.dumps)):
+        with pytest.raises(TypeError, match=rf"^a colocated_python_class "
+                           rf"'Counter' instance lives on its hosts and "
+                           rf"cannot be {how} "):
+            fn(a)
+    del a
+    gc.collect()
+    assert int(b.bump(x)) == 3  # the copy keeps it alive
+    assert not flags()["destroyed"]
+    del b
+    gc.collect()
+    assert flags()["destroyed"]
+
+
 def test_stateful_object(executor):
     @jaxcolo.colocated_python_class
     class Value:

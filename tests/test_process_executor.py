@@ -199,6 +199,53 @@ def test_timed_out_future_callback_may_make_calls(tmp_path):
             fut.result()
 
 
+def test_submitted_future_callback_may_make_calls(one_host):
+    """A done-callback of a submitted future makes a call: it completes at
+    once (it ran on the link's reader, which then waited for itself until
+    the healthy worker was declared lost)."""
+    quick = jaxcolo.colocated_python(_identity).specialize(
+        out_specs_fn=_identity)
+    pids = one_host.worker_pids()
+    lost = one_host.stats()["lost"]
+    with jaxcolo.use_executor(one_host):
+        x = put(np.int32(5), cpu_devices()[0])
+        got = []
+        finished = threading.Event()
+
+        def callback(f):
+            got.append((int(f.result()), int(quick(x + 1))))
+            finished.set()
+
+        fut = quick.submit(x)
+        fut.add_done_callback(callback)
+        assert finished.wait(4.0) and got == [(5, 6)]
+        done_fut = quick.submit(x)
+        done_fut.result()
+        done_fut.add_done_callback(callback)  # done already: runs inline
+        assert got[-1] == (5, 6) and len(got) == 2
+    assert one_host.worker_pids() == pids
+    assert one_host.stats()["lost"] == lost
+
+
+def test_call_timeout_keeps_no_finished_call(one_host):
+    """A timeout's bookkeeping lets go of a finished call and its result
+    at once, not at its deadline."""
+    import gc
+    import weakref
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=_identity)
+    with jaxcolo.use_executor(one_host), one_host.timeout(600):
+        x = put(np.zeros(1000, np.float32), cpu_devices()[0])
+        r = f(x)
+        alive = weakref.ref(r)
+        for _ in range(3000):
+            f(x)
+        del r
+        gc.collect()
+        assert alive() is None
+        assert len(one_host._deadlines) <= 2048  # cleared entries compacted
+
+
 def test_messages_are_payloads_without_pickle():
     m = messages.Message(messages.MessageKind.call, call_id=7, lane=3,
                          program_id=b"\x01" * 16,
@@ -311,6 +358,51 @@ def test_worker_killed_mid_call_multi_host(tmp_path, hosts):
         new = ex.worker_pids()
         assert not set(new) & set(old)  # the whole cluster restarted
         assert log.read_text() == "run\n" * hosts  # once per host, no retry
+
+
+def test_host_lost_while_sending_never_reaches_the_restarted_cluster(
+        tmp_path):
+    """Kill host 1 and call at once with large shards: whatever the timing,
+    a failed call ran on no host of the restarted cluster (a part sent
+    there would run alone), and a call that succeeded ran on both of its
+    new hosts."""
+    log = tmp_path / "runs"
+
+    def mark(x):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {int(x.addressable_shards[0].data[0, 0])}"
+                    "\n")
+        return x
+
+    fc = jaxcolo.colocated_python(mark).specialize(out_specs_fn=_identity)
+    devs = cpu_devices()
+    sharding = NamedSharding(Mesh(np.array(devs), ("x",)), P("x"))
+    with jaxcolo.ProcessExecutor(num_hosts=2) as ex, jaxcolo.use_executor(ex):
+        fc(jax.device_put(np.zeros((8, 1 << 20), np.float32), sharding))
+        for round_ in range(1, 3):
+            x = jax.device_put(np.full((8, 16 << 20), round_, np.float32),
+                               sharding)
+            old = ex.worker_pids()
+            os.kill(old[1], signal.SIGKILL)
+            try:
+                fc(x)
+                failed = False
+            except jaxcolo.ExecutorError:
+                failed = True
+            deadline = time.monotonic() + 60
+            while ex.stats()["restarts"] < round_:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert _ok(ex) == 42
+            new = ex.worker_pids()
+            assert not set(new) & set(old)
+            runs = [int(p) for p, v in map(str.split,
+                                           log.read_text().splitlines())
+                    if v == str(round_)]
+            if failed:
+                assert not set(runs) & set(new), (runs, old, new)
+            else:
+                assert sorted(runs) == sorted(new), (runs, old, new)
 
 
 def test_instances_on_a_restarted_host_fail_clearly(tmp_path):

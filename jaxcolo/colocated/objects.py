@@ -5,9 +5,12 @@ Each method is a colocated function whose programs are *method* programs:
 their body is the pickled ``(cls, init args, init kwargs)`` and they name the
 instance id and the method.  An executor creates the host instance from that
 body at the first method call that reaches a host, keeps it across calls, and
-drops it when the wrapper is deleted (``destroy_instance``, sent to every
-executor that ran one of its methods, in the deleting thread's lane).  A
-wrapper deleted before any method call never creates a host instance.
+drops it once the wrapper, its copies and every method taken from them are
+gone (``destroy_instance``, sent to every executor that ran one of its
+methods, in the lane of the thread dropping the last reference).  ``copy.copy`` gives another handle on
+the same host instance; deep copies and pickling are refused (TypeError): the
+host state cannot follow.  A wrapper deleted before any method call never
+creates a host instance.
 """
 
 from __future__ import annotations
@@ -22,33 +25,21 @@ from jaxcolo.colocated.function import ColocatedFunction, Specialization, \
     _source_info
 
 _SKIPPED = ("__init__", "__del__", "__reduce__", "__reduce_ex__")
+_NOT_COPYABLE = ("a colocated_python_class {0!r} instance lives on its hosts "
+                 "and cannot be {1} (its host state cannot follow); make a "
+                 "new instance from the constructor arguments, or use "
+                 "copy.copy for another handle on the same instance")
 
 
-class InstanceState:
-    """Controller-side state of one wrapper instance (never the wrapper
-    itself, so methods and finalizers do not keep the wrapper alive)."""
+class HostInstances:
+    """Where one instance may live: the executors that ran its methods.
+    ``destroy`` drops it there (run once the instance state is collected)."""
 
-    def __init__(self, cls, init_args, init_kwargs):
-        self.cls = cls
-        self.init_args = init_args
-        self.init_kwargs = init_kwargs
-        self.id = secrets.randbits(63) or 1
-        self.source_info = _source_info(cls)
-        self._bodies: dict[int, bytes] = {}
+    def __init__(self, instance_id: int):
+        self.id = instance_id
         self._executors: list = []
         self._last = None
         self._lock = threading.Lock()
-
-    def body(self, version: int) -> bytes:
-        with self._lock:
-            data = self._bodies.get(version)
-            if data is None:
-                data = self._bodies[version] = dumps_body(
-                    (self.cls, self.init_args, self.init_kwargs),
-                    version=version,
-                    what=f"colocated class {self.cls.__name__!r} and its "
-                         "constructor arguments")
-            return data
 
     def track(self, executor) -> None:
         """Remember an executor that may hold a host instance."""
@@ -68,6 +59,37 @@ class InstanceState:
                 ex.destroy_instance(self.id, lane=lane)
             except Exception:  # a closed executor has no instances left
                 pass
+
+
+class InstanceState:
+    """Controller-side state of one instance, shared by its wrapper (and
+    shallow copies of it) and by every method taken from them.  The host
+    instances are destroyed when the last of those is gone (a finalizer on
+    this state, not on the wrapper: ``m = Obj().m; m(x)`` keeps the host
+    instance until ``m`` is dropped)."""
+
+    def __init__(self, cls, init_args, init_kwargs):
+        self.cls = cls
+        self.init_args = init_args
+        self.init_kwargs = init_kwargs
+        self.id = secrets.randbits(63) or 1
+        self.source_info = _source_info(cls)
+        self._bodies: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+        self.hosts = HostInstances(self.id)
+        self.track = self.hosts.track
+        weakref.finalize(self, self.hosts.destroy)
+
+    def body(self, version: int) -> bytes:
+        with self._lock:
+            data = self._bodies.get(version)
+            if data is None:
+                data = self._bodies[version] = dumps_body(
+                    (self.cls, self.init_args, self.init_kwargs),
+                    version=version,
+                    what=f"colocated class {self.cls.__name__!r} and its "
+                         "constructor arguments")
+            return data
 
 
 class MethodTarget:
@@ -104,7 +126,18 @@ def colocated_python_class(cls: type) -> type:
                     continue
                 setattr(self, attr, ColocatedFunction(
                     MethodTarget(state, attr, member), Specialization()))
-            weakref.finalize(self, state.destroy)
+
+        def __copy__(self):
+            """Another handle on the same host instance."""
+            twin = object.__new__(type(self))
+            twin.__dict__.update(self.__dict__)
+            return twin
+
+        def __deepcopy__(self, memo):
+            raise TypeError(_NOT_COPYABLE.format(cls.__name__, "deep-copied"))
+
+        def __reduce_ex__(self, protocol):
+            raise TypeError(_NOT_COPYABLE.format(cls.__name__, "pickled"))
 
     Wrapped.__name__ = cls.__name__
     Wrapped.__qualname__ = getattr(cls, "__qualname__", cls.__name__)

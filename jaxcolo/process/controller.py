@@ -49,7 +49,7 @@ from jaxcolo.colocated.program import decode_program
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process import arrays, launch, messages
 from jaxcolo.process.hosts import HostLink, controller_hello
-from jaxcolo.process.results import Call, Plan
+from jaxcolo.process.results import Call, Plan, executor_thread
 
 log = logging.getLogger("jaxcolo.executor")
 _LANE_MASK = (1 << 63) - 1
@@ -114,6 +114,8 @@ class ProcessExecutor(Executor):
         self._lanes: dict = {}
         self._local = threading.local()
         self._deadlines: list = []
+        self._deadline_seq = itertools.count()
+        self._deadlines_compact_at = 1024
         self._deadline_cv = threading.Condition(self._lock)
         self._stats = {"calls": 0, "discoveries": 0, "programs_decoded": 0,
                        "restarts": 0, "lost": 0, "timeouts": 0}
@@ -303,11 +305,20 @@ class ProcessExecutor(Executor):
         with self._lock:
             self._stats["discoveries" if discover else "calls"] += 1
         if len(plan.hosts) == 1:
-            self._send(plan.hosts[0], call, args, lane_id, False)
+            h = plan.hosts[0]
+            try:
+                link = self._link(h)
+            except ExecutorError as e:
+                call.fail(e)
+            else:
+                self._send(h, link, call, args, lane_id, False)
         else:
             with self._ordered_lock:
-                for h in plan.hosts:
-                    self._send(h, call, args, lane_id, True)
+                links = self._cluster_links(plan.hosts, call)
+                for h, link in links:
+                    if call.future.done():
+                        break  # a host was lost: never send the rest
+                    self._send(h, link, call, args, lane_id, True)
         if timeout is not None:
             self._add_deadline(call, timeout)
         return call
@@ -324,24 +335,49 @@ class ProcessExecutor(Executor):
                 link = self._reconnect(h)
         return link
 
-    def _send(self, h: int, call: Call, args, lane_id: int,
-              ordered: bool) -> None:
+    def _cluster_links(self, hosts, call: Call) -> list:
+        """The links of every host of a multi-host call, all of one
+        generation (a host lost now fails the whole call: no part of it may
+        reach a restarted cluster while the other parts went to the old
+        one)."""
         try:
-            link = self._link(h)
+            links = [(h, self._link(h)) for h in hosts]
         except ExecutorError as e:
             call.fail(e)
-            return
+            return []
+        with self._lock:
+            stale = [h for h, link in links
+                     if link.is_lost or self._links[h] is not link]
+        if stale:
+            call.fail(ExecutorError(
+                f"{call.plan.name}: host(s) {stale} were lost or restarted "
+                "while the call was being sent; it was sent to none of its "
+                "hosts"))
+            return []
+        return links
+
+    def _send(self, h: int, link: HostLink, call: Call, args, lane_id: int,
+              ordered: bool) -> None:
         plan = call.plan
         call_id = next(self._ids)
         with self._lock:
             if self._closed:
                 call.fail(ExecutorError("ProcessExecutor is closed"))
                 return
+            if plan.instance_id:
+                try:  # lost while this call waited for the restart
+                    self._check_instance(plan)
+                except ExecutorError as e:
+                    call.fail(e)
+                    return
+                self._instances.setdefault(plan.instance_id, set()).add(h)
+            if link.is_lost:
+                call.fail(ExecutorError(f"{link.describe} was lost before "
+                                        "the call could be sent"))
+                return
             self._pending[call_id] = (call, h, link)
             call.call_ids.append(call_id)
             call.links.append((h, link))
-            if plan.instance_id:
-                self._instances.setdefault(plan.instance_id, set()).add(h)
         try:
             link.ensure_registered(plan.ref)
             packer = arrays.Packer(link.pool)
@@ -401,9 +437,21 @@ class ProcessExecutor(Executor):
 
     # --------------------------------------------------------- deadlines
     def _add_deadline(self, call: Call, seconds: float) -> None:
+        # [deadline, seq, call or None, seconds]: a finished call clears its
+        # entry at once (the heap must not keep its results alive), and the
+        # cleared entries are dropped whenever the heap doubled since.
+        entry = [time.monotonic() + seconds, next(self._deadline_seq), call,
+                 seconds]
+        Future.add_done_callback(call.future,
+                                 lambda _, e=entry: e.__setitem__(2, None))
         with self._deadline_cv:
-            heapq.heappush(self._deadlines, (time.monotonic() + seconds,
-                                             id(call), call, seconds))
+            if len(self._deadlines) >= self._deadlines_compact_at:
+                self._deadlines = [e for e in self._deadlines
+                                   if e[2] is not None]
+                heapq.heapify(self._deadlines)
+                self._deadlines_compact_at = max(1024,
+                                                 2 * len(self._deadlines))
+            heapq.heappush(self._deadlines, entry)
             self._deadline_cv.notify()
 
     def _deadline_loop(self) -> None:
@@ -415,7 +463,7 @@ class ProcessExecutor(Executor):
                 now = time.monotonic()
                 while self._deadlines and self._deadlines[0][0] <= now:
                     _, _, call, seconds = heapq.heappop(self._deadlines)
-                    if call.future.done():
+                    if call is None or call.future.done():
                         continue
                     self._stats["timeouts"] += 1
                     for cid in call.call_ids:
@@ -428,11 +476,12 @@ class ProcessExecutor(Executor):
                     continue
             # Failing runs the futures' callbacks: never under the lock (a
             # callback may make a call, whose reply needs the lock).
-            for call, seconds in expired:
-                call.fail(ExecutorError(
-                    f"{call.plan.name}: call timed out after {seconds}s "
-                    f"on host(s) {list(call.plan.hosts)}; it may still "
-                    "run there, its result will be dropped"))
+            with executor_thread():
+                for call, seconds in expired:
+                    call.fail(ExecutorError(
+                        f"{call.plan.name}: call timed out after {seconds}s "
+                        f"on host(s) {list(call.plan.hosts)}; it may still "
+                        "run there, its result will be dropped"))
 
     # ------------------------------------------------------------ faults
     def _on_lost(self, link: HostLink, reason: str) -> None:

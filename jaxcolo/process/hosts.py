@@ -30,6 +30,7 @@ from jaxcolo_fb import MessageKind as K
 from jaxcolo import versions
 from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
+from jaxcolo.process.results import executor_thread
 from jaxcolo.transport import blobs, channel as ch, handshake
 
 log = logging.getLogger("jaxcolo.executor")
@@ -208,9 +209,10 @@ class HostLink:
         the link is lost (which is then reported)."""
         reason = None
         try:
-            while not self._lost and not done():
-                if self.channel.readable(READ_POLL, ch.SPIN):
-                    self._handle(self.channel.recv())
+            with executor_thread():
+                while not self._lost and not done():
+                    if self.channel.readable(READ_POLL, ch.SPIN):
+                        self._handle(self.channel.recv())
         except ExecutorError as e:
             reason = str(e)
         except PayloadError as e:
@@ -290,7 +292,8 @@ class HostLink:
         for box in list(self._stats_waiters.values()):
             box[0].set()
         self._kick.set()
-        self._on_lost(self, reason)
+        with executor_thread():
+            self._on_lost(self, reason)
         with self._role:
             self._role.notify_all()
 

@@ -14,6 +14,9 @@ fails it at once (with the re-raised remote exception); otherwise the last
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import threading
 from concurrent.futures import Future
 
@@ -25,6 +28,53 @@ from jaxcolo.colocated import specs as specs_mod
 from jaxcolo.errors import PayloadError
 from jaxcolo.process import arrays
 from jaxcolo_fb import MessageKind
+
+log = logging.getLogger("jaxcolo.executor")
+_thread = threading.local()
+
+
+@contextlib.contextmanager
+def executor_thread():
+    """Mark the current thread as one the executor needs to make progress
+    (a link's reader, its watchdog, the deadline thread) while inside the
+    block: futures completed here run their callbacks on a thread of their
+    own (see :class:`CallFuture`)."""
+    previous = getattr(_thread, "internal", False)
+    _thread.internal = True
+    try:
+        yield
+    finally:
+        _thread.internal = previous
+
+
+def _run_callback(fn, future) -> None:
+    try:
+        fn(future)
+    except Exception:  # noqa: BLE001 - as concurrent.futures does
+        log.exception("exception calling callback for %r", future)
+
+
+def _dispatch_callback(fn, future) -> None:
+    if getattr(_thread, "internal", False):
+        threading.Thread(target=_run_callback, args=(fn, future), daemon=True,
+                         name="jaxcolo-future-callback").start()
+    else:
+        _run_callback(fn, future)
+
+
+class CallFuture(Future):
+    """The Future of a submitted call.
+
+    Done-callbacks never run on a thread the executor itself depends on: a
+    callback may make colocated calls (or wait for other calls) without
+    stalling the reply reading, heartbeat or timeout machinery.  A callback
+    fired there runs on a fresh thread instead; fired from a user thread
+    (``add_done_callback`` on a done future, ``close``) it runs inline, as
+    with any Future.
+    """
+
+    def add_done_callback(self, fn) -> None:
+        super().add_done_callback(functools.partial(_dispatch_callback, fn))
 
 
 class Plan:
@@ -61,7 +111,7 @@ class Call:
     def __init__(self, plan: Plan, discover: bool, make_error):
         self.plan = plan
         self.discover = discover
-        self.future = Future()
+        self.future = CallFuture()
         self.future.set_running_or_notify_cancel()
         self.call_ids: list = []
         self.links: list = []        # (host, HostLink) it was sent to
