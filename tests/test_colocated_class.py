@@ -124,6 +124,78 @@ def test_copies_share_the_instance_deep_copies_are_refused(executor, flags):
     assert flags()["destroyed"]
 
 
+def test_instance_dropped_by_another_thread_finishes_queued_calls(executor,
+                                                                  flags):
+    """Calls submitted by one thread complete although another thread drops
+    the last reference while they are queued; then the instance goes."""
+    import threading
+    import time
+
+    @jaxcolo.colocated_python_class
+    class Slow:
+        def __init__(self):
+            self.n = 0
+
+        def __del__(self):
+            state.destroyed = True
+
+        def slow(self, x):
+            time.sleep(0.5)
+            return x
+
+        def bump(self, x):
+            self.n += 1
+            return jax.device_put(np.int32(self.n), x.sharding)
+
+    x = put(7, cpu_devices()[0])
+    obj = Slow()
+    first, second = obj.slow.submit(x), obj.bump.submit(x)
+    box = [obj]
+    del obj
+    dropper = threading.Thread(target=box.clear)
+    dropper.start()
+    dropper.join()
+    gc.collect()
+    assert int(first.result(30)) == 7 and int(second.result(30)) == 1
+    deadline = time.monotonic() + 10
+    while not flags()["destroyed"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def _programs_held(ex) -> list:
+    """Programs an executor holds now (each process host: registered and
+    loaded; and its controller's plans)."""
+    st = ex.stats()
+    if "hosts" not in st:
+        return [st["programs_loaded_now"]]
+    return [len(ex._plans)] + [h[k] for h in st["hosts"]
+                               for k in ("programs_registered_now",
+                                         "programs_loaded_now")]
+
+
+def test_dropped_instances_leave_no_programs_behind(executor):
+    """Every instance has programs of its own (its id is in them): they go
+    with the instance, or a long-running executor grows without end."""
+    Object = _object_class()
+    x = put(1, cpu_devices()[0])
+    warm = Object()
+    assert int(warm.echo(x)) == 1
+    del warm
+    gc.collect()
+    _ok_call = jaxcolo.colocated_python(lambda v: v).specialize(
+        out_specs_fn=lambda v: v)
+    int(_ok_call(x))  # sends the queued destroy
+    before = _programs_held(executor)
+    for _ in range(20):
+        obj = Object()
+        assert int(obj.echo(x)) == 1
+        del obj
+        gc.collect()
+    int(_ok_call(x))
+    assert _programs_held(executor) == before
+
+
 def test_stateful_object(executor):
     @jaxcolo.colocated_python_class
     class Value:

@@ -2,6 +2,7 @@
 the wire, and faults (each with its exact error and a following successful
 call).  The colocated behaviour tests run under it via colocated_support."""
 
+import gc
 import logging
 import os
 import signal
@@ -244,6 +245,64 @@ def test_call_timeout_keeps_no_finished_call(one_host):
         gc.collect()
         assert alive() is None
         assert len(one_host._deadlines) <= 2048  # cleared entries compacted
+
+
+def test_instance_dropped_inside_a_send_does_not_block(one_host):
+    """The destroy of an instance dropped while this thread holds the link's
+    send lock (a finalizer run by the garbage collector inside a send) is
+    only queued: it goes out with this thread's next call."""
+    @jaxcolo.colocated_python_class
+    class Thing:
+        def echo(self, x):
+            return x
+
+    created = one_host.stats()["hosts"][0].get("instances_destroyed", 0)
+    with jaxcolo.use_executor(one_host):
+        x = put(np.int32(3), cpu_devices()[0])
+        thing = Thing()
+        assert int(thing.echo(x)) == 3
+        returned = threading.Event()
+
+        def drop_holding_send_lock():
+            with one_host._links[0].channel._send_lock:
+                box.clear()
+                gc.collect()
+            returned.set()
+
+        box = [thing]
+        del thing
+        t = threading.Thread(target=drop_holding_send_lock, daemon=True)
+        t.start()
+        assert returned.wait(5.0)  # it deadlocked on the send lock
+        assert _ok(one_host) == 42  # the call sends the destroy first
+        assert one_host.stats()["hosts"][0]["instances_destroyed"] == \
+            created + 1
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "1"])
+def test_timeouts_are_checked(one_host, bad):
+    with pytest.raises(ValueError, match="must be a number of seconds > 0"):
+        with one_host.timeout(bad):
+            pass
+    with pytest.raises(ValueError, match="call_timeout must be"):
+        jaxcolo.ProcessExecutor(num_hosts=1, call_timeout=bad)
+
+
+def test_infinite_timeout_is_no_timeout(one_host):
+    """inf (or anything past threading.TIMEOUT_MAX) used to kill the
+    deadline thread: no later call timed out."""
+    slow = jaxcolo.colocated_python(
+        lambda x: (time.sleep(2), x)[1]).specialize(out_specs_fn=_identity)
+    with jaxcolo.use_executor(one_host):
+        x = put(np.int32(2), cpu_devices()[0])
+        with one_host.timeout(float("inf")):
+            assert _ok(one_host) == 42
+        with one_host.timeout(1e12):
+            assert _ok(one_host) == 42
+        with one_host.timeout(0.3), pytest.raises(jaxcolo.ExecutorError,
+                                                  match="timed out"):
+            slow(x)
+    assert _ok(one_host) == 42
 
 
 def test_messages_are_payloads_without_pickle():

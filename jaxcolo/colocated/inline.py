@@ -89,6 +89,9 @@ class InlineExecutor(Executor):
         self._bodies: dict[bytes, object] = {}
         self._instances: dict[int, _Instance] = {}
         self._destroyed: set[int] = set()
+        self._queued_methods: dict[int, int] = {}  # instance id -> calls
+        self._instance_programs: dict[int, list] = {}  # id -> program ids
+        self._destroy_after: set[int] = set()
         self._lanes: dict[Hashable, _Lane] = {}
         self._closed = False
         self._stats = collections.Counter()
@@ -97,7 +100,8 @@ class InlineExecutor(Executor):
     def stats(self) -> dict:
         """Counters: programs_decoded, bodies_loaded, instances_created,
         instances_destroyed, calls, discoveries, queued."""
-        return dict(self._stats, calls=self._calls)
+        return dict(self._stats, calls=self._calls,
+                    programs_loaded_now=len(self._programs))
 
     def __repr__(self):
         return (f"InlineExecutor({len(self._programs)} programs, "
@@ -136,13 +140,16 @@ class InlineExecutor(Executor):
         return self._enqueue(lane, self._discover, loaded, args).result()
 
     def destroy_instance(self, instance_id: int, *, lane: Hashable) -> None:
-        if self._closed:
-            return
-        ln = self._lanes.get(lane)
-        if ln is None or not ln.pending:
-            self._destroy(instance_id)
-        else:
-            self._enqueue(lane, self._destroy, instance_id)
+        """Destroy the instance once no queued call of it is left, in any
+        lane (a call submitted by one thread may be queued while another
+        thread drops the last reference)."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._queued_methods.get(instance_id):
+                self._destroy_after.add(instance_id)
+                return
+        self._destroy(instance_id)
 
     def close(self) -> None:
         with self._lock:
@@ -154,9 +161,11 @@ class InlineExecutor(Executor):
                     if fut.set_running_or_notify_cancel():
                         fut.set_exception(ExecutorError(
                             "InlineExecutor closed before this call ran"))
+            self._destroy_after.clear()
             instances, self._instances = self._instances, {}
             self._destroyed.update(instances)
             self._programs.clear()
+            self._instance_programs.clear()
             self._bodies.clear()
         del instances  # host instances are destroyed here
 
@@ -170,7 +179,11 @@ class InlineExecutor(Executor):
         entry.body_key = program.id
         with self._lock:
             self._stats["programs_decoded"] += 1
-            return self._programs.setdefault(program.id, entry)
+            held = self._programs.setdefault(program.id, entry)
+            if held is entry and loaded.kind == "method":  # goes with it
+                self._instance_programs.setdefault(
+                    loaded.instance_id, []).append(program.id)
+            return held
 
     def _function(self, loaded: _Loaded):
         """The callable a call runs (loading the body on first use)."""
@@ -227,6 +240,8 @@ class InlineExecutor(Executor):
         with self._lock:
             inst = self._instances.pop(instance_id, None)
             self._destroyed.add(instance_id)
+            for pid in self._instance_programs.pop(instance_id, ()):
+                self._programs.pop(pid, None)
             if inst is not None and inst.obj is not None:
                 self._stats["instances_destroyed"] += 1
         del inst  # the host instance's last reference: __del__ runs here
@@ -280,15 +295,20 @@ class InlineExecutor(Executor):
         return leaves, payload
 
     # --------------------------------------------------------------- lanes
-    def _enqueue(self, lane: Hashable, fn, *args) -> Future:
+    def _enqueue(self, lane: Hashable, fn, loaded: _Loaded, *args) -> Future:
         fut = Future()
+        iid = loaded.program.instance_id if \
+            loaded.program.kind == "method" else 0
         with self._lock:
             if self._closed:
                 raise ExecutorError("InlineExecutor is closed")
             ln = self._lanes.get(lane)
             if ln is None:
                 ln = self._lanes[lane] = _Lane()
-            ln.queue.append((fut, fn, args))
+            ln.queue.append((fut, fn, (loaded, *args), iid))
+            if iid:
+                self._queued_methods[iid] = \
+                    self._queued_methods.get(iid, 0) + 1
             ln.pending += 1
             self._stats["queued"] += 1
             start = not ln.running
@@ -298,6 +318,17 @@ class InlineExecutor(Executor):
                              name=f"jaxcolo-inline-lane-{lane}").start()
         return fut
 
+    def _method_call_done(self, iid: int) -> None:
+        with self._lock:
+            n = self._queued_methods.pop(iid, 1) - 1
+            if n:
+                self._queued_methods[iid] = n
+                return
+            if iid not in self._destroy_after:
+                return
+            self._destroy_after.discard(iid)
+        self._destroy(iid)
+
     def _drain(self, lane: Hashable, ln: _Lane) -> None:
         while True:
             with self._lock:
@@ -306,7 +337,7 @@ class InlineExecutor(Executor):
                     if not ln.pending and self._lanes.get(lane) is ln:
                         del self._lanes[lane]
                     return
-                fut, fn, args = ln.queue.popleft()
+                fut, fn, args, iid = ln.queue.popleft()
             try:
                 if fut.set_running_or_notify_cancel():
                     try:
@@ -314,5 +345,8 @@ class InlineExecutor(Executor):
                     except BaseException as e:  # delivered to the caller
                         fut.set_exception(e)
             finally:
+                del args
                 with self._lock:
                     ln.pending -= 1
+                if iid:
+                    self._method_call_done(iid)

@@ -6,11 +6,13 @@ their body is the pickled ``(cls, init args, init kwargs)`` and they name the
 instance id and the method.  An executor creates the host instance from that
 body at the first method call that reaches a host, keeps it across calls, and
 drops it once the wrapper, its copies and every method taken from them are
-gone (``destroy_instance``, sent to every executor that ran one of its
-methods, in the lane of the thread dropping the last reference).  ``copy.copy`` gives another handle on
-the same host instance; deep copies and pickling are refused (TypeError): the
-host state cannot follow.  A wrapper deleted before any method call never
-creates a host instance.
+gone (``destroy_instance``, given to every executor that ran one of its
+methods, in the lane of the thread dropping the last reference; executors
+destroy it after the calls of it still queued or running, in any lane).  An
+instance kept in a reference cycle goes when the cycle is collected.
+``copy.copy`` gives another handle on the same host instance; deep copies
+and pickling are refused (TypeError): the host state cannot follow.  A
+wrapper deleted before any method call never creates a host instance.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from jaxcolo.colocated.body import dumps_body
 from jaxcolo.colocated.function import ColocatedFunction, Specialization, \
     _source_info
 
-_SKIPPED = ("__init__", "__del__", "__reduce__", "__reduce_ex__")
+# not made colocated methods: the wrapper's own protocol methods
+_SKIPPED = ("__init__", "__del__", "__reduce__", "__reduce_ex__", "__copy__",
+            "__deepcopy__", "__getstate__", "__setstate__")
 _NOT_COPYABLE = ("a colocated_python_class {0!r} instance lives on its hosts "
                  "and cannot be {1} (its host state cannot follow); make a "
                  "new instance from the constructor arguments, or use "

@@ -15,29 +15,32 @@ Contract (see ``jaxcolo.colocated.executor`` for the Executor interface):
   shardings.  Calls spanning hosts are sent to their hosts in one
   executor-wide order, which every host follows (so their cross-host
   collectives line up); other calls of different lanes run concurrently.
+  The parts of a multi-host call all go to hosts of one cluster generation:
+  a host lost while it is sent fails the call, and none of it reaches the
+  restarted cluster.
+* Instances of colocated classes are destroyed on their hosts after their
+  calls still in flight (``jaxcolo.process.instances``).
 * Errors: the function's exception is re-raised with its own type (the
   remote traceback in a note).  ``ExecutorError`` when: the executor is
   closed (in-flight calls fail at ``close``), a call times out
-  (``call_timeout``, or ``with ex.timeout(s):``; the call may still run on
-  its host and its result is dropped), or a worker is lost (EOF, or
+  (``call_timeout``, or ``with ex.timeout(s):``, seconds > 0, None or inf
+  for none; the call may still run on its host and its result is dropped),
+  or a worker is lost (EOF, or
   ``lost_timeout`` seconds without a heartbeat).  A lost call is never
   retried.  Local workers are then restarted (the whole cluster when there
   are several hosts); calls wait for the restart; class instances that
   lived on a restarted host raise ExecutorError rather than silently
-  starting over.
+  starting over.  Start-up, loss and restart: ``jaxcolo.process.hostset``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
 import itertools
-import logging
 import secrets
 import shutil
 import tempfile
 import threading
-import time
 import weakref
 from concurrent.futures import Future
 from typing import Hashable, Sequence
@@ -47,15 +50,17 @@ import jax
 from jaxcolo.colocated.executor import Executor
 from jaxcolo.colocated.program import decode_program
 from jaxcolo.errors import ExecutorError
-from jaxcolo.process import arrays, launch, messages
+from jaxcolo.process import arrays, messages
+from jaxcolo.process.deadlines import Deadlines, check_timeout
 from jaxcolo.process.hosts import HostLink, controller_hello
+from jaxcolo.process.hostset import HostSet
+from jaxcolo.process.instances import DestroyQueue
 from jaxcolo.process.results import Call, Plan, executor_thread
 
-log = logging.getLogger("jaxcolo.executor")
 _LANE_MASK = (1 << 63) - 1
 
 
-class ProcessExecutor(Executor):
+class ProcessExecutor(HostSet, Executor):
     """Runs colocated programs in worker processes (see module docstring).
 
     ``num_hosts``: start this many local workers, each owning an equal
@@ -91,7 +96,7 @@ class ProcessExecutor(Executor):
         self._opts = dict(timeout=connect_timeout, lost_timeout=lost_timeout,
                           heartbeat=heartbeat, use_shm=shm)
         self._start_timeout = start_timeout
-        self._call_timeout = call_timeout
+        self._call_timeout = check_timeout(call_timeout, "call_timeout")
         self._restart = restart
         self._worker_args = tuple(worker_args)
         if local_transport not in ("unix", "tcp"):
@@ -108,15 +113,13 @@ class ProcessExecutor(Executor):
         self._closed = False
         self._ids = itertools.count(1)
         self._plans: dict = {}
-        self._pending: dict = {}           # call id -> (Call, host index)
+        self._instance_plans: dict = {}    # instance id -> program ids
+        self._pending: dict = {}           # call id -> (Call, host, link)
         self._instances: dict = {}         # instance id -> set of hosts
         self._lost_instances: dict = {}    # instance id -> reason
         self._lanes: dict = {}
+        self._restart_error = None
         self._local = threading.local()
-        self._deadlines: list = []
-        self._deadline_seq = itertools.count()
-        self._deadlines_compact_at = 1024
-        self._deadline_cv = threading.Condition(self._lock)
         self._stats = {"calls": 0, "discoveries": 0, "programs_decoded": 0,
                        "restarts": 0, "lost": 0, "timeouts": 0}
         self._workers: list = []
@@ -133,55 +136,14 @@ class ProcessExecutor(Executor):
         else:
             self._device_map = None
             self._addresses = list(addresses)
+            self._reconnect_locks = [threading.Lock() for _ in
+                                     self._addresses]
             self._links = [self._connect(i, a) for i, a in
                            enumerate(self._addresses)]
             self._check_hosts()
+        self._deadlines = Deadlines(self._expired)
+        self._destroys = DestroyQueue(self._send_destroy)
         self._ready.set()
-        threading.Thread(target=self._deadline_loop, daemon=True,
-                         name="jaxcolo-deadlines").start()
-
-    # ----------------------------------------------------------- start-up
-    def _connect(self, index, address, pid=None) -> HostLink:
-        return HostLink(index, address, self._authkey, self._hello,
-                        on_reply=self._on_reply, on_lost=self._on_lost,
-                        pid=pid, **self._opts)
-
-    def _start_local(self) -> None:
-        workers = launch.start_workers(
-            len(self._device_map), self._device_map, self._authkey,
-            self._start_timeout, self._worker_args,
-            socket_dir=self._socket_dir)
-        links = []
-        try:
-            for w in workers:
-                links.append(self._connect(w.host_index, w.address, w.pid))
-        except BaseException:
-            for link in links:
-                link.close(shutdown=False)
-            for w in workers:
-                w.kill()
-            raise
-        self._workers, self._links = workers, links
-        self._check_hosts()
-
-    def _check_hosts(self) -> None:
-        owner = {}
-        for link in self._links:
-            if link.peer.host_index != link.index and self._addresses is None:
-                raise ExecutorError(f"worker at {link.address} says it is host "
-                                    f"{link.peer.host_index}, expected "
-                                    f"{link.index}")
-            for i in link.device_ids:
-                if i not in self._by_id:
-                    raise ExecutorError(
-                        f"{link.describe} owns device id {i}, which this "
-                        "controller does not have")
-                if i in owner:
-                    raise ExecutorError(f"device id {i} is owned by hosts "
-                                        f"{owner[i]} and {link.index}")
-                owner[i] = link.index
-        self._owner = owner
-        self._version = min(link.version for link in self._links)
 
     @property
     def payload_version(self) -> int:
@@ -208,7 +170,12 @@ class ProcessExecutor(Executor):
         with self._lock:
             self._stats["programs_decoded"] += 1
         plan = Plan(program, prog, self._owner)
-        return self._plans.setdefault(program.id, plan)
+        with self._lock:
+            held = self._plans.setdefault(program.id, plan)
+            if held is plan and plan.instance_id:  # dropped with it
+                self._instance_plans.setdefault(plan.instance_id,
+                                                []).append(program.id)
+        return held
 
     def _lane(self, lane: Hashable) -> int:
         if type(lane) is int:
@@ -244,11 +211,22 @@ class ProcessExecutor(Executor):
         return call.wait()
 
     def destroy_instance(self, instance_id: int, *, lane: Hashable) -> None:
+        """Request the instance's destroy and return at once (this runs
+        from a finalizer; see ``jaxcolo.process.instances``)."""
+        if not self._closed:
+            self._destroys.destroy(instance_id, lane)
+
+    def _send_destroy(self, instance_id: int, lane) -> None:
         with self._lock:
             if self._closed:
                 return
             hosts = self._instances.pop(instance_id, ())
             self._lost_instances.pop(instance_id, None)
+            dropped = self._instance_plans.pop(instance_id, ())
+            for pid in dropped:
+                self._plans.pop(pid, None)
+        for link in self._links:  # the hosts drop them too
+            link.registered.difference_update(dropped)
         msg = messages.Message(messages.MessageKind.destroy,
                                lane=self._lane(lane), instance_id=instance_id)
         for h in sorted(hosts):
@@ -263,7 +241,7 @@ class ProcessExecutor(Executor):
         """Calls made by this thread inside the block time out after
         ``seconds`` (None: no timeout)."""
         previous = getattr(self._local, "timeout", False)
-        self._local.timeout = seconds
+        self._local.timeout = check_timeout(seconds, "timeout")
         try:
             yield self
         finally:
@@ -301,6 +279,14 @@ class ProcessExecutor(Executor):
         if timeout is False:
             timeout = self._call_timeout
         call = Call(plan, discover, self._remote_error)
+        destroys = self._destroys
+        if plan.instance_id:  # its destroy waits for it
+            iid = plan.instance_id
+            destroys.call(iid)
+            Future.add_done_callback(call.future,
+                                     lambda _: destroys.done(iid))
+        if destroys.pending():  # destroys requested before this call
+            destroys.flush()
         lane_id = self._lane(lane)
         with self._lock:
             self._stats["discoveries" if discover else "calls"] += 1
@@ -320,64 +306,36 @@ class ProcessExecutor(Executor):
                         break  # a host was lost: never send the rest
                     self._send(h, link, call, args, lane_id, True)
         if timeout is not None:
-            self._add_deadline(call, timeout)
+            self._deadlines.add(call, timeout)
         return call
-
-    def _link(self, h: int) -> HostLink:
-        link = self._links[h]
-        if link.is_lost or not self._ready.is_set():
-            if not self._ready.wait(self._start_timeout):
-                raise ExecutorError(f"host {h} is still restarting")
-            if self._closed:
-                raise ExecutorError("ProcessExecutor is closed")
-            link = self._links[h]
-            if link.is_lost:
-                link = self._reconnect(h)
-        return link
-
-    def _cluster_links(self, hosts, call: Call) -> list:
-        """The links of every host of a multi-host call, all of one
-        generation (a host lost now fails the whole call: no part of it may
-        reach a restarted cluster while the other parts went to the old
-        one)."""
-        try:
-            links = [(h, self._link(h)) for h in hosts]
-        except ExecutorError as e:
-            call.fail(e)
-            return []
-        with self._lock:
-            stale = [h for h, link in links
-                     if link.is_lost or self._links[h] is not link]
-        if stale:
-            call.fail(ExecutorError(
-                f"{call.plan.name}: host(s) {stale} were lost or restarted "
-                "while the call was being sent; it was sent to none of its "
-                "hosts"))
-            return []
-        return links
 
     def _send(self, h: int, link: HostLink, call: Call, args, lane_id: int,
               ordered: bool) -> None:
         plan = call.plan
         call_id = next(self._ids)
-        with self._lock:
+        with self._lock:  # (a call is failed after releasing it)
             if self._closed:
-                call.fail(ExecutorError("ProcessExecutor is closed"))
-                return
-            if plan.instance_id:
-                try:  # lost while this call waited for the restart
-                    self._check_instance(plan)
-                except ExecutorError as e:
-                    call.fail(e)
-                    return
-                self._instances.setdefault(plan.instance_id, set()).add(h)
-            if link.is_lost:
-                call.fail(ExecutorError(f"{link.describe} was lost before "
-                                        "the call could be sent"))
-                return
-            self._pending[call_id] = (call, h, link)
-            call.call_ids.append(call_id)
-            call.links.append((h, link))
+                error = ExecutorError("ProcessExecutor is closed")
+            elif link.is_lost:
+                error = ExecutorError(f"{link.describe} was lost before the "
+                                      "call could be sent")
+            else:
+                error = None
+                if plan.instance_id:
+                    try:  # lost while this call waited for the restart
+                        self._check_instance(plan)
+                    except ExecutorError as e:
+                        error = e
+                    else:
+                        self._instances.setdefault(plan.instance_id,
+                                                   set()).add(h)
+            if error is None:
+                self._pending[call_id] = (call, h, link)
+                call.call_ids.append(call_id)
+                call.links.append((h, link))
+        if error is not None:
+            call.fail(error)
+            return
         try:
             link.ensure_registered(plan.ref)
             packer = arrays.Packer(link.pool)
@@ -435,109 +393,19 @@ class ProcessExecutor(Executor):
                 f"{plan.name}: the host instance {plan.instance_id} was lost "
                 f"({reason}); its state is gone, make a new instance")
 
-    # --------------------------------------------------------- deadlines
-    def _add_deadline(self, call: Call, seconds: float) -> None:
-        # [deadline, seq, call or None, seconds]: a finished call clears its
-        # entry at once (the heap must not keep its results alive), and the
-        # cleared entries are dropped whenever the heap doubled since.
-        entry = [time.monotonic() + seconds, next(self._deadline_seq), call,
-                 seconds]
-        Future.add_done_callback(call.future,
-                                 lambda _, e=entry: e.__setitem__(2, None))
-        with self._deadline_cv:
-            if len(self._deadlines) >= self._deadlines_compact_at:
-                self._deadlines = [e for e in self._deadlines
-                                   if e[2] is not None]
-                heapq.heapify(self._deadlines)
-                self._deadlines_compact_at = max(1024,
-                                                 2 * len(self._deadlines))
-            heapq.heappush(self._deadlines, entry)
-            self._deadline_cv.notify()
-
-    def _deadline_loop(self) -> None:
-        while True:
-            expired = []
-            with self._deadline_cv:
-                if self._closed:
-                    return
-                now = time.monotonic()
-                while self._deadlines and self._deadlines[0][0] <= now:
-                    _, _, call, seconds = heapq.heappop(self._deadlines)
-                    if call is None or call.future.done():
-                        continue
-                    self._stats["timeouts"] += 1
-                    for cid in call.call_ids:
-                        self._pending.pop(cid, None)
-                    expired.append((call, seconds))
-                if not expired:
-                    wait = (self._deadlines[0][0] - now if self._deadlines
-                            else None)
-                    self._deadline_cv.wait(wait)
-                    continue
-            # Failing runs the futures' callbacks: never under the lock (a
-            # callback may make a call, whose reply needs the lock).
-            with executor_thread():
-                for call, seconds in expired:
-                    call.fail(ExecutorError(
-                        f"{call.plan.name}: call timed out after {seconds}s "
-                        f"on host(s) {list(call.plan.hosts)}; it may still "
-                        "run there, its result will be dropped"))
-
-    # ------------------------------------------------------------ faults
-    def _on_lost(self, link: HostLink, reason: str) -> None:
+    def _expired(self, call: Call, seconds: float) -> None:
+        """``call`` is still running at its deadline (deadline thread)."""
         with self._lock:
-            if self._closed or self._links[link.index] is not link:
+            if call.future.done():
                 return
-            self._stats["lost"] += 1
-            cluster = self._addresses is None and len(self._links) > 1
-            lost = [x for x in self._links if cluster or x is link]
-            failed = [(cid, e) for cid, e in self._pending.items()
-                      if e[2] in lost]
-            for cid, _ in failed:
-                del self._pending[cid]
-            for iid, hosts in list(self._instances.items()):
-                if any(self._links[h] in lost for h in hosts):
-                    del self._instances[iid]
-                    self._lost_instances[iid] = f"{link.describe} was lost"
-            if self._addresses is None and self._restart:
-                self._ready.clear()
-        log.warning("%s was lost: %s", link.describe, reason)
-        for cid, (call, h, _) in failed:
-            where = "" if self._links[h] is link else \
-                f" (its cluster restarts: call on host {h} interrupted)"
+            self._stats["timeouts"] += 1
+            for cid in call.call_ids:
+                self._pending.pop(cid, None)
+        with executor_thread():
             call.fail(ExecutorError(
-                f"{link.describe} was lost while this call was in flight "
-                f"({reason}){where}; the call was not retried"))
-        for other in lost:
-            if other is not link:
-                other.close(shutdown=False)
-        if self._addresses is None and self._restart:
-            threading.Thread(target=self._restart_local, daemon=True,
-                             name="jaxcolo-restart").start()
-
-    def _restart_local(self) -> None:
-        for w in self._workers:
-            w.kill()
-        try:
-            if not self._closed:
-                self._start_local()
-                with self._lock:
-                    self._stats["restarts"] += 1
-                log.warning("restarted %d worker(s)", len(self._links))
-        except Exception as e:  # noqa: BLE001 - later calls report it
-            log.error("could not restart the workers: %s", e)
-        finally:
-            self._ready.set()
-
-    def _reconnect(self, h: int) -> HostLink:
-        if self._addresses is None:
-            raise ExecutorError(f"host {h} is lost and was not restarted")
-        with self._lock:
-            link = self._links[h]
-            if not link.is_lost:
-                return link
-            link = self._links[h] = self._connect(h, self._addresses[h])
-        return link
+                f"{call.plan.name}: call timed out after {seconds}s on "
+                f"host(s) {list(call.plan.hosts)}; it may still run there, "
+                "its result will be dropped"))
 
     # ------------------------------------------------------------- close
     def close(self) -> None:
@@ -546,12 +414,13 @@ class ProcessExecutor(Executor):
                 return
             self._closed = True
             pending, self._pending = self._pending, {}
-            self._deadline_cv.notify_all()
         for call, h, link in pending.values():
             call.fail(ExecutorError(
                 f"ProcessExecutor closed while this call was in flight on "
                 f"{link.describe}"))
         self._ready.wait(self._start_timeout)
+        self._destroys.close()
+        self._deadlines.close()
         for link in self._links:
             link.close(shutdown=True)
         for w in self._workers:
@@ -559,3 +428,4 @@ class ProcessExecutor(Executor):
         if self._socket_dir is not None:
             self._remove_socket_dir()
         self._ready.set()
+

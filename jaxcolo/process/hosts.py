@@ -281,6 +281,26 @@ class HostLink:
             if self._lost:
                 return
             self._lost = True
+        self._teardown()
+        with executor_thread():
+            self._on_lost(self, reason)
+        with self._role:
+            self._role.notify_all()
+
+    def retire(self) -> None:
+        """Mark the link lost without reporting it (its cluster was lost
+        through another host): no call starts on it any more."""
+        with self._lost_lock:
+            self._lost = True
+
+    def discard(self) -> None:
+        """Close a retired link and clean up after its worker, which is
+        about to be killed with its cluster."""
+        self._teardown()
+        with self._role:
+            self._role.notify_all()
+
+    def _teardown(self) -> None:
         self.channel.close()
         self._released.put(None)
         if self.pool is not None:
@@ -292,10 +312,6 @@ class HostLink:
         for box in list(self._stats_waiters.values()):
             box[0].set()
         self._kick.set()
-        with executor_thread():
-            self._on_lost(self, reason)
-        with self._role:
-            self._role.notify_all()
 
     def close(self, shutdown: bool = True) -> None:
         if shutdown and not self._lost:

@@ -56,10 +56,15 @@ def _run_callback(fn, future) -> None:
 
 def _dispatch_callback(fn, future) -> None:
     if getattr(_thread, "internal", False):
-        threading.Thread(target=_run_callback, args=(fn, future), daemon=True,
-                         name="jaxcolo-future-callback").start()
-    else:
-        _run_callback(fn, future)
+        try:
+            threading.Thread(target=_run_callback, args=(fn, future),
+                             daemon=True,
+                             name="jaxcolo-future-callback").start()
+            return
+        except RuntimeError:  # no thread to be had: run it here after all
+            log.warning("no thread for a future's callback; running it on "
+                        "%s", threading.current_thread().name)
+    _run_callback(fn, future)
 
 
 class CallFuture(Future):

@@ -90,6 +90,7 @@ class Session:
         self._on_end = on_end
         self._inline = InlineExecutor()
         self._programs: dict[bytes, _Program] = {}
+        self._instance_programs: dict[int, list] = {}  # id -> program ids
         self._lanes = LaneRunner(f"jaxcolo-h{host_index}-lane")
         self._gate = OrderedGate()
         self._pool = None                    # our segments, when shm works
@@ -242,7 +243,7 @@ class Session:
                 self._pool.release(m.released)
         elif kind == K.destroy:
             self._lanes.submit(m.lane, lambda iid=m.instance_id, lane=m.lane:
-                               self._inline.destroy_instance(iid, lane=lane))
+                               self._destroy_instance(iid, lane))
         elif kind == K.setup:
             self._setup(m)
         elif kind == K.stats:
@@ -278,6 +279,7 @@ class Session:
         out = dict(self.stats)
         out.update(self._inline.stats())
         out["calls"] = self.stats["calls"]
+        out["programs_registered_now"] = len(self._programs)
         if self._pool is not None:
             out.update(self._pool.stats())
         return out
@@ -303,6 +305,16 @@ class Session:
                                        "$.program.in_specs")
         self._programs[ref.id] = entry
         self.stats["registered"] += 1
+        if entry.decoded is not None and entry.decoded.kind == "method":
+            self._instance_programs.setdefault(
+                entry.decoded.instance_id, []).append(ref.id)
+
+    def _destroy_instance(self, instance_id: int, lane) -> None:
+        """Drop the instance and the method programs naming it (nothing
+        calls them any more)."""
+        self._inline.destroy_instance(instance_id, lane=lane)
+        for pid in self._instance_programs.pop(instance_id, ()):
+            self._programs.pop(pid, None)
 
     # -------------------------------------------------------------- calls
     def _call(self, m) -> None:

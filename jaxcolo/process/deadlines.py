@@ -1,0 +1,85 @@
+"""Per-call timeouts of a ProcessExecutor.
+
+:class:`Deadlines` keeps a heap of ``[deadline, seq, call, seconds]`` and a
+thread that hands each call still running at its deadline to
+``on_expired(call, seconds)``.  A call that finishes clears its entry at
+once (the heap never keeps a finished call's results alive); cleared entries
+are dropped whenever the heap has doubled since the last clean-up, so the
+heap stays proportional to the calls in flight.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable
+
+
+def check_timeout(seconds, what: str):
+    """``seconds`` as a timeout: None (or inf) for none, else a float > 0;
+    ValueError for anything else (NaN, 0, negative, not a number)."""
+    if seconds is None or seconds == math.inf:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not seconds > 0:
+        raise ValueError(f"{what} must be a number of seconds > 0 (or None), "
+                         f"got {seconds!r}")
+    return float(seconds)
+
+
+class Deadlines:
+    def __init__(self, on_expired: Callable):
+        self._on_expired = on_expired
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._compact_at = 1024
+        self._cv = threading.Condition(threading.Lock())
+        self._closed = False
+        threading.Thread(target=self._run, daemon=True,
+                         name="jaxcolo-deadlines").start()
+
+    def add(self, call, seconds: float) -> None:
+        entry = [time.monotonic() + seconds, next(self._seq), call, seconds]
+        # Future's own method: internal, runs inline in any thread
+        Future.add_done_callback(call.future,
+                                 lambda _, e=entry: e.__setitem__(2, None))
+        with self._cv:
+            heap = self._heap
+            if len(heap) >= self._compact_at:
+                heap[:] = [e for e in heap if e[2] is not None]
+                heapq.heapify(heap)
+                self._compact_at = max(1024, 2 * len(heap))
+            heapq.heappush(heap, entry)
+            self._cv.notify()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def _run(self) -> None:
+        heap = self._heap
+        while True:
+            expired = []
+            with self._cv:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                while heap and heap[0][0] <= now:
+                    _, _, call, seconds = heapq.heappop(heap)
+                    if call is not None and not call.future.done():
+                        expired.append((call, seconds))
+                if not expired:
+                    self._cv.wait(min(heap[0][0] - now, threading.TIMEOUT_MAX)
+                                  if heap else None)
+                    continue
+            # never under the lock: failing a call runs its callbacks
+            for call, seconds in expired:
+                self._on_expired(call, seconds)

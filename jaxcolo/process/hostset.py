@@ -1,0 +1,201 @@
+"""Connecting to, losing and restarting a ProcessExecutor's hosts.
+
+:class:`HostSet` is the part of ``ProcessExecutor`` that owns its links
+(``self._links``, one :class:`HostLink` per host): starting local workers
+and connecting to them, checking who owns which device, handing a call the
+live link of a host (waiting for a restart in progress, or reconnecting to a
+running worker), and reacting when a link reports its worker lost -- failing
+the calls in flight there, retiring the whole cluster's links when local
+workers form one, marking the instances that lived there, and restarting.
+
+It uses the executor's ``_lock``, ``_ready`` (cleared while a restart
+runs), ``_pending``, ``_instances``/``_lost_instances`` and options; it is
+a mixin, not a standalone object.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from jaxcolo.errors import ExecutorError
+from jaxcolo.process import launch
+from jaxcolo.process.hosts import HostLink
+from jaxcolo.process.results import Call
+
+log = logging.getLogger("jaxcolo.executor")
+
+
+class HostSet:
+    # ----------------------------------------------------------- start-up
+    def _connect(self, index, address, pid=None) -> HostLink:
+        return HostLink(index, address, self._authkey, self._hello,
+                        on_reply=self._on_reply, on_lost=self._on_lost,
+                        pid=pid, **self._opts)
+
+    def _start_local(self) -> None:
+        workers = launch.start_workers(
+            len(self._device_map), self._device_map, self._authkey,
+            self._start_timeout, self._worker_args,
+            socket_dir=self._socket_dir)
+        links = []
+        try:
+            for w in workers:
+                links.append(self._connect(w.host_index, w.address, w.pid))
+        except BaseException:
+            for link in links:
+                link.close(shutdown=False)
+            for w in workers:
+                w.kill()
+            raise
+        self._workers, self._links = workers, links
+        self._check_hosts()
+
+    def _check_hosts(self) -> None:
+        owner = {}
+        for link in self._links:
+            if link.peer.host_index != link.index and self._addresses is None:
+                raise ExecutorError(f"worker at {link.address} says it is host "
+                                    f"{link.peer.host_index}, expected "
+                                    f"{link.index}")
+            for i in link.device_ids:
+                if i not in self._by_id:
+                    raise ExecutorError(
+                        f"{link.describe} owns device id {i}, which this "
+                        "controller does not have")
+                if i in owner:
+                    raise ExecutorError(f"device id {i} is owned by hosts "
+                                        f"{owner[i]} and {link.index}")
+                owner[i] = link.index
+        self._owner = owner
+        self._version = min(link.version for link in self._links)
+
+    def _link(self, h: int) -> HostLink:
+        """Host ``h``'s live link: waits for a restart in progress (local
+        workers), reconnects (running workers)."""
+        link = self._links[h]
+        if not link.is_lost and self._ready.is_set():
+            return link
+        deadline = time.monotonic() + self._start_timeout
+        while True:
+            if self._closed:
+                raise ExecutorError("ProcessExecutor is closed")
+            link = self._links[h]
+            ready = self._ready.is_set()
+            if not link.is_lost and ready:
+                return link
+            if link.is_lost and ready:
+                if self._addresses is not None:
+                    return self._reconnect(h, link)
+                if not self._restart:
+                    raise ExecutorError(f"{link.describe} was lost (restart "
+                                        "is off)")
+                if self._restart_error is not None:
+                    raise ExecutorError(
+                        f"{link.describe} was lost and could not be "
+                        f"restarted: {self._restart_error}")
+            # a restart is running, or the loss is being reported
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ExecutorError(f"host {h} is still restarting after "
+                                    f"{self._start_timeout}s")
+            self._ready.wait(min(remaining, 0.01 if ready else remaining))
+
+    def _cluster_links(self, hosts, call: Call) -> list:
+        """The links of every host of a multi-host call, all of one
+        generation (a host lost now fails the whole call: no part of it may
+        reach a restarted cluster while the other parts went to the old
+        one)."""
+        try:
+            links = [(h, self._link(h)) for h in hosts]
+        except ExecutorError as e:
+            call.fail(e)
+            return []
+        with self._lock:
+            stale = [h for h, link in links
+                     if link.is_lost or self._links[h] is not link]
+        if stale:
+            call.fail(ExecutorError(
+                f"{call.plan.name}: host(s) {stale} were lost or restarted "
+                "while the call was being sent; it was sent to none of its "
+                "hosts"))
+            return []
+        return links
+
+    # ------------------------------------------------------------ faults
+    def _on_lost(self, link: HostLink, reason: str) -> None:
+        with self._lock:
+            if self._closed or self._links[link.index] is not link:
+                return
+            self._stats["lost"] += 1
+            cluster = self._addresses is None and len(self._links) > 1
+            lost = [x for x in self._links if cluster or x is link]
+            for other in lost:  # no call may start on them any more, and
+                other.retire()  # their own loss is not reported again
+            failed = [(cid, e) for cid, e in self._pending.items()
+                      if e[2] in lost]
+            for cid, _ in failed:
+                del self._pending[cid]
+            for iid, hosts in list(self._instances.items()):
+                if any(self._links[h] in lost for h in hosts):
+                    del self._instances[iid]
+                    self._lost_instances[iid] = f"{link.describe} was lost"
+            if self._addresses is None and self._restart:
+                self._ready.clear()
+                self._restart_error = None
+        log.warning("%s was lost: %s", link.describe, reason)
+        for cid, (call, h, _) in failed:
+            where = "" if self._links[h] is link else \
+                f" (its cluster restarts: call on host {h} interrupted)"
+            call.fail(ExecutorError(
+                f"{link.describe} was lost while this call was in flight "
+                f"({reason}){where}; the call was not retried"))
+        for other in lost:
+            if other is not link:
+                other.discard()
+        if self._addresses is None and self._restart:
+            threading.Thread(target=self._restart_local, daemon=True,
+                             name="jaxcolo-restart").start()
+
+    def _restart_local(self) -> None:
+        for w in self._workers:
+            w.kill()
+        try:
+            if not self._closed:
+                self._start_local()
+                with self._lock:
+                    self._stats["restarts"] += 1
+                log.warning("restarted %d worker(s)", len(self._links))
+        except Exception as e:  # noqa: BLE001 - later calls report it
+            log.error("could not restart the workers: %s", e)
+            self._restart_error = f"{type(e).__name__}: {e}"
+        finally:
+            self._ready.set()
+
+    def _reconnect(self, h: int, lost: HostLink) -> HostLink:
+        """Connect to running worker ``h`` again, once for all callers, and
+        without holding the executor's lock (other hosts keep working)."""
+        with self._reconnect_locks[h]:
+            link = self._links[h]
+            if link is not lost:
+                return link
+            link = self._connect(h, self._addresses[h])
+            with self._lock:
+                if self._closed:
+                    problem = "ProcessExecutor is closed"
+                elif link.device_ids != lost.device_ids:
+                    problem = (f"{link.describe} came back owning devices "
+                               f"{list(link.device_ids)}, not "
+                               f"{list(lost.device_ids)}")
+                elif link.version < self._version:
+                    problem = (f"{link.describe} came back speaking payload "
+                               f"version {link.version}, older than this "
+                               f"executor's {self._version}")
+                else:
+                    problem = None
+                    self._links[h] = link
+        if problem is not None:
+            link.close(shutdown=False)
+            raise ExecutorError(problem)
+        return link

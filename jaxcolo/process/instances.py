@@ -1,0 +1,92 @@
+"""When a ProcessExecutor sends the destroy of a class instance.
+
+A destroy is requested by a finalizer (``destroy_instance``), which may run
+in any thread at any allocation -- even inside a send on the very link the
+destroy must go to, holding that link's send lock.  So a request only
+appends to a deque (atomic, takes no lock) and rings a doorbell
+(``SimpleQueue.put``, safe in finalizers); the destroy is sent later, by
+
+* the next call any thread starts on the executor (``flush``, before that
+  call is sent: a thread that drops an instance and then calls finds the
+  destroy sent first, in program order), or
+* the destroy thread, woken by the doorbell.
+
+A destroy also waits until no call of its instance is in flight: a call
+another thread submitted may still be queued or running on the host.  The
+calls are counted by ``call``/``done`` events queued in order with the
+destroys.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+from typing import Callable, Hashable
+
+log = logging.getLogger("jaxcolo.executor")
+
+class DestroyQueue:
+    """``send(instance_id, lane)`` is called for each destroy when due,
+    never from a finalizer and never twice at once."""
+
+    def __init__(self, send: Callable[[int, Hashable], None]):
+        self._send = send
+        self._events: collections.deque = collections.deque()
+        self._doorbell: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._inflight: dict = {}  # instance id -> calls in flight
+        self._waiting: dict = {}   # instance id -> lane of its destroy
+        self._closed = False
+        threading.Thread(target=self._run, daemon=True,
+                         name="jaxcolo-destroys").start()
+
+    # Requests (any thread; the first two never from a finalizer).
+    def call(self, instance_id: int) -> None:
+        self._events.append(("call", instance_id, None))
+
+    def done(self, instance_id: int) -> None:
+        self._events.append(("done", instance_id, None))
+        self._doorbell.put(True)
+
+    def destroy(self, instance_id: int, lane: Hashable) -> None:
+        self._events.append(("destroy", instance_id, lane))
+        self._doorbell.put(True)
+
+    def pending(self) -> bool:
+        return bool(self._events)
+
+    def flush(self) -> None:
+        """Handle every event queued so far; send the destroys due."""
+        with self._lock:
+            events = self._events
+            while events and not self._closed:
+                what, iid, lane = events.popleft()
+                if what == "call":
+                    self._inflight[iid] = self._inflight.get(iid, 0) + 1
+                    continue
+                if what == "done":
+                    n = self._inflight.pop(iid, 1) - 1
+                    if n:
+                        self._inflight[iid] = n
+                        continue
+                    lane = self._waiting.pop(iid, None)
+                    if lane is None:
+                        continue
+                elif self._inflight.get(iid):
+                    self._waiting[iid] = lane
+                    continue
+                try:
+                    self._send(iid, lane)
+                except Exception:  # noqa: BLE001 - the next ones still go
+                    log.exception("could not send the destroy of instance "
+                                  "%d", iid)
+
+    def close(self) -> None:
+        self._closed = True
+        self._doorbell.put(False)
+
+    def _run(self) -> None:
+        while self._doorbell.get() and not self._closed:
+            self.flush()
