@@ -5,6 +5,11 @@
 * scalar: a colocated identity call on an int32 scalar, through a
   ProcessExecutor(num_hosts=1) worker, vs a bare multiprocessing Pipe round
   trip of 200 bytes to an echoing child process (target: <= 3x);
+* jax floor: the least any such call can cost with real jax.Arrays on both
+  sides -- the scalar's bytes over a raw Pipe to a child that makes a
+  jax.Array of them and sends its bytes back, made a jax.Array again; no
+  payloads, no bookkeeping, both ends spinning 200 us as the executor's
+  channels do (reported for context: it bounds what the target can mean);
 * 64 MiB: a colocated identity call on a 64 MiB float32 array (to the worker
   and back) vs a memcpy (np.copyto into a warm buffer) of the same 64 MiB;
   the ratio is memcpy time / round-trip time, i.e. the round trip's
@@ -50,6 +55,44 @@ def _identity(x):
     return x
 
 
+SPIN = 200e-6  # as the executor's channels: spin this long, then block
+
+
+def _wait_readable(conn) -> None:
+    end = time.perf_counter() + SPIN
+    while not conn.poll(0):
+        if time.perf_counter() > end:
+            conn.poll(None)
+            return
+
+
+def _jax_echo(conn):
+    """The least a colocated scalar call must do on the worker: bytes in,
+    a jax.Array on a device, its bytes out (no payloads, no bookkeeping)."""
+    dev = jax.devices()[0]
+    while True:
+        _wait_readable(conn)
+        try:
+            data = conn.recv_bytes()
+        except EOFError:
+            return
+        x = jax.device_put(np.frombuffer(data, np.int32).reshape(()), dev)
+        conn.send_bytes(np.asarray(x).tobytes())
+
+
+def bench_jax_floor(conn, x, dev, n: int) -> float:
+    """The least a scalar call costs with real jax.Arrays on both sides
+    (the controller's conversions, a raw Pipe, the worker's _jax_echo)."""
+    t = time.perf_counter()
+    for _ in range(n):
+        conn.send_bytes(np.asarray(x).tobytes())
+        _wait_readable(conn)
+        out = jax.device_put(np.frombuffer(conn.recv_bytes(), np.int32)
+                             .reshape(()), dev)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t) / n
+
+
 def bench_pipe(conn, n: int) -> float:
     msg = b"x" * 200
     t = time.perf_counter()
@@ -89,6 +132,11 @@ def main() -> int:
     echo = ctx.Process(target=_echo, args=(child,), daemon=True)
     echo.start()
 
+    floor_parent, floor_child = mp.get_context("spawn").Pipe()
+    floor = mp.get_context("spawn").Process(target=_jax_echo,
+                                            args=(floor_child,), daemon=True)
+    floor.start()
+
     dev = jax.devices()[0]
     x = jax.device_put(np.int32(7), dev)
     host_big = np.arange(BIG // 4, dtype=np.float32)
@@ -96,10 +144,12 @@ def main() -> int:
     src, dst = np.asarray(big), np.empty_like(host_big)
     f = jaxcolo.colocated_python(_identity).specialize(out_specs_fn=_identity)
 
-    rows = {"pipe_us": [], "scalar_us": [], "memcpy_ms": [], "big_ms": []}
+    rows = {"pipe_us": [], "scalar_us": [], "memcpy_ms": [], "big_ms": [],
+            "floor_us": []}
     with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
         bench_calls(f, x, 200)           # warm: program sent, body loaded
         bench_pipe(parent, 200)
+        bench_jax_floor(floor_parent, x, dev, 200)
         out = f(big)                      # warm: shared memory mapped
         assert np.array_equal(np.asarray(out), host_big)
         del out
@@ -107,11 +157,15 @@ def main() -> int:
         for _ in range(args.rounds):
             rows["pipe_us"].append(bench_pipe(parent, args.calls) * 1e6)
             rows["scalar_us"].append(bench_calls(f, x, args.calls) * 1e6)
+            rows["floor_us"].append(
+                bench_jax_floor(floor_parent, x, dev, args.calls) * 1e6)
             rows["memcpy_ms"].append(bench_memcpy(src, dst) * 1e3)
             rows["big_ms"].append(bench_calls(f, big, args.big_calls) * 1e3)
         host = ex.stats()["hosts"][0]
     parent.close()
+    floor_parent.close()
     echo.join(5)
+    floor.join(5)
 
     med = {k: statistics.median(v) for k, v in rows.items()}
     scalar_ratio = med["scalar_us"] / med["pipe_us"]
@@ -121,6 +175,9 @@ def main() -> int:
         "scalar_call_us": round(med["scalar_us"], 1),
         "scalar_vs_pipe": round(scalar_ratio, 2),
         "scalar_target": "<= 3x",
+        "jax_floor_us": round(med["floor_us"], 1),
+        "jax_floor_vs_pipe": round(med["floor_us"] / med["pipe_us"], 2),
+        "scalar_vs_jax_floor": round(med["scalar_us"] / med["floor_us"], 2),
         "memcpy_64MiB_ms": round(med["memcpy_ms"], 2),
         "memcpy_GBps": round(BIG / med["memcpy_ms"] / 1e6, 2),
         "round_trip_64MiB_ms": round(med["big_ms"], 2),
