@@ -228,6 +228,30 @@ def test_submitted_future_callback_may_make_calls(one_host):
     assert one_host.stats()["lost"] == lost
 
 
+def test_submit_starts_no_thread_per_call(one_host):
+    """Only callbacks a user adds get a thread of their own (the chaining of
+    submit's result ran on a new thread for every call)."""
+    quick = jaxcolo.colocated_python(_identity).specialize(
+        out_specs_fn=_identity)
+    started = []
+    original = threading.Thread.start
+
+    def counting_start(self):
+        started.append(self.name)
+        return original(self)
+
+    with jaxcolo.use_executor(one_host):
+        x = put(np.int32(4), cpu_devices()[0])
+        quick(x)
+        threading.Thread.start = counting_start
+        try:
+            futures = [quick.submit(x) for _ in range(100)]
+            assert [int(f.result(30)) for f in futures] == [4] * 100
+        finally:
+            threading.Thread.start = original
+    assert started == []
+
+
 def test_call_timeout_keeps_no_finished_call(one_host):
     """A timeout's bookkeeping lets go of a finished call and its result
     at once, not at its deadline."""
@@ -298,6 +322,8 @@ def test_infinite_timeout_is_no_timeout(one_host):
         with one_host.timeout(float("inf")):
             assert _ok(one_host) == 42
         with one_host.timeout(1e12):
+            assert _ok(one_host) == 42
+        with one_host.timeout(np.float32(30.0)):  # any real number
             assert _ok(one_host) == 42
         with one_host.timeout(0.3), pytest.raises(jaxcolo.ExecutorError,
                                                   match="timed out"):

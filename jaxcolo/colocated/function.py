@@ -371,8 +371,11 @@ class ColocatedFunction:
 
 
 def _chain(inner: Future, out_treedef) -> Future:
-    """A Future of ``out_treedef.unflatten(inner.result())``."""
-    outer = Future()
+    """A Future of ``out_treedef.unflatten(inner.result())``, of the
+    executor's own Future class (whose ``add_done_callback`` may decide
+    where user callbacks run); the chaining itself is registered with the
+    plain Future method, so it runs inline wherever ``inner`` completes."""
+    outer = type(inner)()
     outer.set_running_or_notify_cancel()
 
     def done(f: Future) -> None:
@@ -384,7 +387,7 @@ def _chain(inner: Future, out_treedef) -> Future:
             outer.set_exception(e)
         else:
             outer.set_result(out_treedef.unflatten(f.result()))
-    inner.add_done_callback(done)
+    Future.add_done_callback(inner, done)
     return outer
 
 

@@ -179,6 +179,9 @@ class InlineExecutor(Executor):
         entry.body_key = program.id
         with self._lock:
             self._stats["programs_decoded"] += 1
+            if loaded.kind == "method" and \
+                    loaded.instance_id in self._destroyed:
+                return entry  # its calls fail; never held again
             held = self._programs.setdefault(program.id, entry)
             if held is entry and loaded.kind == "method":  # goes with it
                 self._instance_programs.setdefault(

@@ -8,7 +8,9 @@ body at the first method call that reaches a host, keeps it across calls, and
 drops it once the wrapper, its copies and every method taken from them are
 gone (``destroy_instance``, given to every executor that ran one of its
 methods, in the lane of the thread dropping the last reference; executors
-destroy it after the calls of it still queued or running, in any lane).  An
+destroy it after the calls of it still in flight, in any lane; a call that
+timed out is no longer in flight: it may still run after the destroy, and
+fails there).  An
 instance kept in a reference cycle goes when the cycle is collected.
 ``copy.copy`` gives another handle on the same host instance; deep copies
 and pickling are refused (TypeError): the host state cannot follow.  A

@@ -19,7 +19,8 @@ Contract (see ``jaxcolo.colocated.executor`` for the Executor interface):
   a host lost while it is sent fails the call, and none of it reaches the
   restarted cluster.
 * Instances of colocated classes are destroyed on their hosts after their
-  calls still in flight (``jaxcolo.process.instances``).
+  calls still in flight (``jaxcolo.process.instances``; a timed-out call
+  is not in flight any more).
 * Errors: the function's exception is re-raised with its own type (the
   remote traceback in a note).  ``ExecutorError`` when: the executor is
   closed (in-flight calls fail at ``close``), a call times out
@@ -138,12 +139,16 @@ class ProcessExecutor(HostSet, Executor):
             self._addresses = list(addresses)
             self._reconnect_locks = [threading.Lock() for _ in
                                      self._addresses]
-            self._links = [self._connect(i, a) for i, a in
-                           enumerate(self._addresses)]
-            self._check_hosts()
+            self._reconnect_failed: dict = {}  # host -> (time, message)
+            self._connect_all()
         self._deadlines = Deadlines(self._expired)
         self._destroys = DestroyQueue(self._send_destroy)
-        self._ready.set()
+        lost = self._set_ready_unless_lost()
+        if lost:
+            self._ready.set()
+            self.close()
+            raise ExecutorError(f"{lost[0].describe} was lost while the "
+                                "executor started")
 
     @property
     def payload_version(self) -> int:
@@ -278,6 +283,7 @@ class ProcessExecutor(HostSet, Executor):
         timeout = getattr(self._local, "timeout", False)
         if timeout is False:
             timeout = self._call_timeout
+        lane_id = self._lane(lane)
         call = Call(plan, discover, self._remote_error)
         destroys = self._destroys
         if plan.instance_id:  # its destroy waits for it
@@ -285,26 +291,29 @@ class ProcessExecutor(HostSet, Executor):
             destroys.call(iid)
             Future.add_done_callback(call.future,
                                      lambda _: destroys.done(iid))
-        if destroys.pending():  # destroys requested before this call
-            destroys.flush()
-        lane_id = self._lane(lane)
-        with self._lock:
-            self._stats["discoveries" if discover else "calls"] += 1
-        if len(plan.hosts) == 1:
-            h = plan.hosts[0]
-            try:
-                link = self._link(h)
-            except ExecutorError as e:
-                call.fail(e)
+        try:
+            if destroys.due():  # destroys requested before this call
+                destroys.flush()
+            with self._lock:
+                self._stats["discoveries" if discover else "calls"] += 1
+            if len(plan.hosts) == 1:
+                h = plan.hosts[0]
+                try:
+                    link = self._link(h)
+                except ExecutorError as e:
+                    call.fail(e)
+                else:
+                    self._send(h, link, call, args, lane_id, False)
             else:
-                self._send(h, link, call, args, lane_id, False)
-        else:
-            with self._ordered_lock:
-                links = self._cluster_links(plan.hosts, call)
-                for h, link in links:
-                    if call.future.done():
-                        break  # a host was lost: never send the rest
-                    self._send(h, link, call, args, lane_id, True)
+                with self._ordered_lock:
+                    links = self._cluster_links(plan.hosts, call)
+                    for h, link in links:
+                        if call.future.done():
+                            break  # a host was lost: never send the rest
+                        self._send(h, link, call, args, lane_id, True)
+        except BaseException as e:  # e.g. KeyboardInterrupt while waiting
+            call.fail(e)
+            raise
         if timeout is not None:
             self._deadlines.add(call, timeout)
         return call

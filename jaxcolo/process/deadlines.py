@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import numbers
 import threading
 import time
 from concurrent.futures import Future
@@ -22,13 +23,14 @@ from typing import Callable
 def check_timeout(seconds, what: str):
     """``seconds`` as a timeout: None (or inf) for none, else a float > 0;
     ValueError for anything else (NaN, 0, negative, not a number)."""
-    if seconds is None or seconds == math.inf:
+    if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) \
             or not seconds > 0:
         raise ValueError(f"{what} must be a number of seconds > 0 (or None), "
                          f"got {seconds!r}")
-    return float(seconds)
+    seconds = float(seconds)
+    return None if seconds == math.inf else seconds
 
 
 class Deadlines:

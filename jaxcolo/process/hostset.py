@@ -43,14 +43,37 @@ class HostSet:
         try:
             for w in workers:
                 links.append(self._connect(w.host_index, w.address, w.pid))
+            self._workers, self._links = workers, links
+            self._check_hosts()
         except BaseException:
             for link in links:
                 link.close(shutdown=False)
             for w in workers:
                 w.kill()
             raise
-        self._workers, self._links = workers, links
-        self._check_hosts()
+
+    def _connect_all(self) -> None:
+        """Connect to every running worker (``addresses``); on any failure
+        close the links made (a worker serves one controller at a time)."""
+        links = []
+        try:
+            for i, a in enumerate(self._addresses):
+                links.append(self._connect(i, a))
+            self._links = links
+            self._check_hosts()
+        except BaseException:
+            for link in links:
+                link.close(shutdown=True)
+            raise
+
+    def _set_ready_unless_lost(self) -> list:
+        """Open for calls unless a link was lost before (its loss, reported
+        while not ready, started no restart); returns the lost links."""
+        with self._lock:
+            lost = [link for link in self._links if link.is_lost]
+            if not lost:
+                self._ready.set()
+            return lost
 
     def _check_hosts(self) -> None:
         owner = {}
@@ -100,7 +123,10 @@ class HostSet:
             if remaining <= 0:
                 raise ExecutorError(f"host {h} is still restarting after "
                                     f"{self._start_timeout}s")
-            self._ready.wait(min(remaining, 0.01 if ready else remaining))
+            if ready:
+                time.sleep(0.005)
+            else:
+                self._ready.wait(remaining)
 
     def _cluster_links(self, hosts, call: Call) -> list:
         """The links of every host of a multi-host call, all of one
@@ -126,8 +152,13 @@ class HostSet:
     # ------------------------------------------------------------ faults
     def _on_lost(self, link: HostLink, reason: str) -> None:
         with self._lock:
-            if self._closed or self._links[link.index] is not link:
+            if self._closed or link.index >= len(self._links) or \
+                    self._links[link.index] is not link:
                 return
+            # a loss while not ready (starting, restarting) is found by
+            # _set_ready_unless_lost: it must not start a second restart
+            restart = (self._addresses is None and self._restart and
+                       self._ready.is_set())
             self._stats["lost"] += 1
             cluster = self._addresses is None and len(self._links) > 1
             lost = [x for x in self._links if cluster or x is link]
@@ -141,7 +172,7 @@ class HostSet:
                 if any(self._links[h] in lost for h in hosts):
                     del self._instances[iid]
                     self._lost_instances[iid] = f"{link.describe} was lost"
-            if self._addresses is None and self._restart:
+            if restart:
                 self._ready.clear()
                 self._restart_error = None
         log.warning("%s was lost: %s", link.describe, reason)
@@ -154,33 +185,58 @@ class HostSet:
         for other in lost:
             if other is not link:
                 other.discard()
-        if self._addresses is None and self._restart:
+        if restart:
             threading.Thread(target=self._restart_local, daemon=True,
                              name="jaxcolo-restart").start()
 
-    def _restart_local(self) -> None:
-        for w in self._workers:
-            w.kill()
+    def _restart_local(self, attempts: int = 3) -> None:
+        error = None
         try:
-            if not self._closed:
-                self._start_local()
-                with self._lock:
-                    self._stats["restarts"] += 1
-                log.warning("restarted %d worker(s)", len(self._links))
-        except Exception as e:  # noqa: BLE001 - later calls report it
-            log.error("could not restart the workers: %s", e)
-            self._restart_error = f"{type(e).__name__}: {e}"
+            for _ in range(attempts):
+                for w in self._workers:
+                    w.kill()
+                if self._closed:
+                    return
+                try:
+                    self._start_local()
+                except Exception as e:  # noqa: BLE001 - try again
+                    error = f"{type(e).__name__}: {e}"
+                    log.error("could not restart the workers: %s", error)
+                    continue
+                lost = self._set_ready_unless_lost()
+                if not lost:
+                    with self._lock:
+                        self._stats["restarts"] += 1
+                    log.warning("restarted %d worker(s)", len(self._links))
+                    return
+                error = f"{lost[0].describe} was lost as it started"
+                log.error("restart failed: %s", error)
+                for link in self._links:
+                    link.retire()
+                    link.discard()
+            self._restart_error = error
         finally:
             self._ready.set()
 
     def _reconnect(self, h: int, lost: HostLink) -> HostLink:
         """Connect to running worker ``h`` again, once for all callers, and
         without holding the executor's lock (other hosts keep working)."""
+        started = time.monotonic()
         with self._reconnect_locks[h]:
             link = self._links[h]
             if link is not lost:
                 return link
-            link = self._connect(h, self._addresses[h])
+            failed = self._reconnect_failed.get(h)
+            if failed is not None and failed[0] >= started:
+                # another caller's attempt failed while this one waited
+                raise ExecutorError(failed[1])
+            try:
+                link = self._connect(h, self._addresses[h])
+            except ExecutorError as e:
+                message = (f"{lost.describe} was lost and reconnecting "
+                           f"failed: {e}")
+                self._reconnect_failed[h] = (time.monotonic(), message)
+                raise ExecutorError(message) from None
             with self._lock:
                 if self._closed:
                     problem = "ProcessExecutor is closed"

@@ -48,14 +48,17 @@ class DestroyQueue:
 
     def done(self, instance_id: int) -> None:
         self._events.append(("done", instance_id, None))
-        self._doorbell.put(True)
+        if self._waiting:  # a destroy may be due now
+            self._doorbell.put(True)
 
     def destroy(self, instance_id: int, lane: Hashable) -> None:
         self._events.append(("destroy", instance_id, lane))
         self._doorbell.put(True)
 
-    def pending(self) -> bool:
-        return bool(self._events)
+    def due(self) -> bool:
+        """Events are queued, or being handled by another thread (a call
+        starting now must ``flush`` to follow the destroys before it)."""
+        return bool(self._events) or self._lock.locked()
 
     def flush(self) -> None:
         """Handle every event queued so far; send the destroys due."""
