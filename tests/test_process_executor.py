@@ -224,6 +224,13 @@ def test_submitted_future_callback_may_make_calls(one_host):
         done_fut.result()
         done_fut.add_done_callback(callback)  # done already: runs inline
         assert got[-1] == (5, 6) and len(got) == 2
+        order = []
+        all_ran = threading.Event()
+        fut = quick.submit(x)
+        fut.add_done_callback(lambda f: (time.sleep(0.2), order.append(1)))
+        fut.add_done_callback(lambda f: order.append(2))
+        fut.add_done_callback(lambda f: all_ran.set())
+        assert all_ran.wait(4.0) and order == [1, 2]  # in order, one thread
     assert one_host.worker_pids() == pids
     assert one_host.stats()["lost"] == lost
 

@@ -286,12 +286,15 @@ class ProcessExecutor(HostSet, Executor):
         lane_id = self._lane(lane)
         call = Call(plan, discover, self._remote_error)
         destroys = self._destroys
-        if plan.instance_id:  # its destroy waits for it
-            iid = plan.instance_id
-            destroys.call(iid)
-            Future.add_done_callback(call.future,
-                                     lambda _: destroys.done(iid))
+        iid = plan.instance_id
+        counted = False
         try:
+            if iid:  # its destroy waits for it
+                destroys.call(iid)
+                counted = True
+                Future.add_done_callback(call.future,
+                                         lambda _: destroys.done(iid))
+                counted = False  # the callback counts it down now
             if destroys.due():  # destroys requested before this call
                 destroys.flush()
             with self._lock:
@@ -313,6 +316,8 @@ class ProcessExecutor(HostSet, Executor):
                         self._send(h, link, call, args, lane_id, True)
         except BaseException as e:  # e.g. KeyboardInterrupt while waiting
             call.fail(e)
+            if counted:
+                destroys.done(iid)
             raise
         if timeout is not None:
             self._deadlines.add(call, timeout)

@@ -191,7 +191,8 @@ class HostSet:
 
     def _restart_local(self, attempts: int = 3) -> None:
         error = None
-        try:
+        opened = False  # by _set_ready_unless_lost: a new loss may have
+        try:            # cleared _ready since, for a restart of its own
             for _ in range(attempts):
                 for w in self._workers:
                     w.kill()
@@ -205,6 +206,7 @@ class HostSet:
                     continue
                 lost = self._set_ready_unless_lost()
                 if not lost:
+                    opened = True
                     with self._lock:
                         self._stats["restarts"] += 1
                     log.warning("restarted %d worker(s)", len(self._links))
@@ -216,7 +218,8 @@ class HostSet:
                     link.discard()
             self._restart_error = error
         finally:
-            self._ready.set()
+            if not opened:
+                self._ready.set()
 
     def _reconnect(self, h: int, lost: HostLink) -> HostLink:
         """Connect to running worker ``h`` again, once for all callers, and

@@ -65,26 +65,29 @@ class DestroyQueue:
         with self._lock:
             events = self._events
             while events and not self._closed:
-                what, iid, lane = events.popleft()
+                # taken off only once handled: an exception (an interrupt
+                # in a send) leaves it for the next flush
+                what, iid, lane = events[0]
                 if what == "call":
                     self._inflight[iid] = self._inflight.get(iid, 0) + 1
-                    continue
-                if what == "done":
+                elif what == "done":
                     n = self._inflight.pop(iid, 1) - 1
                     if n:
                         self._inflight[iid] = n
-                        continue
-                    lane = self._waiting.pop(iid, None)
-                    if lane is None:
-                        continue
+                    elif iid in self._waiting:
+                        self._send_logged(iid, self._waiting[iid])
+                        del self._waiting[iid]
                 elif self._inflight.get(iid):
                     self._waiting[iid] = lane
-                    continue
-                try:
-                    self._send(iid, lane)
-                except Exception:  # noqa: BLE001 - the next ones still go
-                    log.exception("could not send the destroy of instance "
-                                  "%d", iid)
+                else:
+                    self._send_logged(iid, lane)
+                events.popleft()
+
+    def _send_logged(self, iid: int, lane) -> None:
+        try:
+            self._send(iid, lane)
+        except Exception:  # noqa: BLE001 - the next ones still go
+            log.exception("could not send the destroy of instance %d", iid)
 
     def close(self) -> None:
         self._closed = True

@@ -15,7 +15,6 @@ fails it at once (with the re-raised remote exception); otherwise the last
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 from concurrent.futures import Future
@@ -54,17 +53,9 @@ def _run_callback(fn, future) -> None:
         log.exception("exception calling callback for %r", future)
 
 
-def _dispatch_callback(fn, future) -> None:
-    if getattr(_thread, "internal", False):
-        try:
-            threading.Thread(target=_run_callback, args=(fn, future),
-                             daemon=True,
-                             name="jaxcolo-future-callback").start()
-            return
-        except RuntimeError:  # no thread to be had: run it here after all
-            log.warning("no thread for a future's callback; running it on "
-                        "%s", threading.current_thread().name)
-    _run_callback(fn, future)
+def _run_callbacks(callbacks, future) -> None:
+    for fn in callbacks:
+        _run_callback(fn, future)
 
 
 class CallFuture(Future):
@@ -72,14 +63,52 @@ class CallFuture(Future):
 
     Done-callbacks never run on a thread the executor itself depends on: a
     callback may make colocated calls (or wait for other calls) without
-    stalling the reply reading, heartbeat or timeout machinery.  A callback
-    fired there runs on a fresh thread instead; fired from a user thread
-    (``add_done_callback`` on a done future, ``close``) it runs inline, as
-    with any Future.
+    stalling the reply reading, heartbeat or timeout machinery.  Callbacks
+    fired there run on one thread of their own, one after another in the
+    order added; fired from a user thread (``add_done_callback`` on a done
+    future, ``close``) they run inline, as with any Future.  A future with
+    no callbacks costs no thread.
     """
 
+    def __init__(self):
+        super().__init__()
+        self._callbacks: list = []
+        self._callbacks_lock = threading.Lock()
+        self._fired = False
+
     def add_done_callback(self, fn) -> None:
-        super().add_done_callback(functools.partial(_dispatch_callback, fn))
+        with self._callbacks_lock:
+            if not self._fired:
+                self._callbacks.append(fn)
+                return
+        _run_callback(fn, self)  # done already: inline, as Future does
+
+    # (not a callback of its own: a bound method there would be a
+    # reference cycle keeping every result alive until a cyclic collection)
+    def set_result(self, result) -> None:
+        super().set_result(result)
+        self._fire()
+
+    def set_exception(self, exception) -> None:
+        super().set_exception(exception)
+        self._fire()
+
+    def _fire(self) -> None:
+        with self._callbacks_lock:
+            self._fired = True
+            callbacks, self._callbacks = self._callbacks, []
+        if not callbacks:
+            return
+        if getattr(_thread, "internal", False):
+            try:
+                threading.Thread(target=_run_callbacks,
+                                 args=(callbacks, self), daemon=True,
+                                 name="jaxcolo-future-callbacks").start()
+                return
+            except RuntimeError:  # no thread to be had: run them here
+                log.warning("no thread for a future's callbacks; running "
+                            "them on %s", threading.current_thread().name)
+        _run_callbacks(callbacks, self)
 
 
 class Plan:
