@@ -53,6 +53,30 @@ def _object_class():
     return Object
 
 
+def _counter_class():
+    """A colocated class counting its calls (``bump``), with a slow method;
+    its host instance sets state.destroyed when it goes."""
+    import time
+
+    @jaxcolo.colocated_python_class
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def __del__(self):
+            state.destroyed = True
+
+        def bump(self, x):
+            self.n += 1
+            return jax.device_put(np.int32(self.n), x.sharding)
+
+        def slow(self, x):
+            time.sleep(0.5)
+            return x
+
+    return Counter
+
+
 def test_instance_created_at_first_call_destroyed_with_wrapper(executor,
                                                                flags):
     Object = _object_class()
@@ -93,20 +117,8 @@ def test_copies_share_the_instance_deep_copies_are_refused(executor, flags):
     import copy
     import pickle
 
-    @jaxcolo.colocated_python_class
-    class Counter:
-        def __init__(self):
-            self.n = 0
-
-        def __del__(self):
-            state.destroyed = True
-
-        def bump(self, x):
-            self.n += 1
-            return jax.device_put(np.int32(self.n), x.sharding)
-
     x = put(0, cpu_devices()[0])
-    a = Counter()
+    a = _counter_class()()
     assert int(a.bump(x)) == 1
     b = copy.copy(a)
     assert type(b) is type(a) and int(b.bump(x)) == 2  # the same instance
@@ -131,24 +143,8 @@ def test_instance_dropped_by_another_thread_finishes_queued_calls(executor,
     import threading
     import time
 
-    @jaxcolo.colocated_python_class
-    class Slow:
-        def __init__(self):
-            self.n = 0
-
-        def __del__(self):
-            state.destroyed = True
-
-        def slow(self, x):
-            time.sleep(0.5)
-            return x
-
-        def bump(self, x):
-            self.n += 1
-            return jax.device_put(np.int32(self.n), x.sharding)
-
     x = put(7, cpu_devices()[0])
-    obj = Slow()
+    obj = _counter_class()()
     first, second = obj.slow.submit(x), obj.bump.submit(x)
     box = [obj]
     del obj
