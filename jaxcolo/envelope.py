@@ -14,7 +14,7 @@ compress bodies within that ratio, so every payload they write is readable.
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 import struct
 import zlib
 
@@ -37,8 +37,8 @@ _ROOT_FEATURES = {RootKind.spec_tree: "spec_tree", RootKind.program: "program",
                   RootKind.hello: "hello", RootKind.message: "message"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
+    """A payload's envelope header, as read (immutable)."""
     writer_version: int
     min_reader_version: int
     root_kind: int
@@ -113,8 +113,25 @@ def read_header(data, *, check_crc: bool = True) -> Header:
                   flags)
 
 
+# (writer, min reader, root kind, reader version) combinations that passed
+# check_readable: a repeat (every message of a connection) is one lookup.
+_READABLE: set = set()
+_READABLE_MAX = 256
+
+
 def check_readable(header: Header, reader_version: int | None = None) -> None:
     """Raise VersionError unless a reader of ``reader_version`` reads it."""
+    key = (header.writer_version, header.min_reader_version,
+           header.root_kind, reader_version)
+    if key in _READABLE:
+        return
+    _check_readable(header, reader_version)
+    if len(_READABLE) >= _READABLE_MAX:
+        _READABLE.clear()
+    _READABLE.add(key)
+
+
+def _check_readable(header: Header, reader_version: int | None) -> None:
     reader = versions.SCHEMA_VERSION if reader_version is None else reader_version
     lo = versions.version_info(reader).min_readable if reader in \
         versions.known_versions() else versions.MIN_READABLE_VERSION

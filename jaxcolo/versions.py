@@ -66,8 +66,11 @@ def version_info(version: int) -> VersionInfo:
     return _BY_VERSION[version]
 
 
+_KNOWN = tuple(sorted(_BY_VERSION))
+
+
 def known_versions() -> tuple[int, ...]:
-    return tuple(sorted(_BY_VERSION))
+    return _KNOWN
 
 
 def check_writable(version: int | None) -> int:

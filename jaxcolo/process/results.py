@@ -135,7 +135,6 @@ class Plan:
                                 jtu.tree_leaves(program.out_specs)]
 
 
-
 class Call:
     """One call in flight; ``future`` gets its result."""
 

@@ -173,7 +173,8 @@ class Session:
         with self._reader_lock:
             self._busy = True
             self._busy_seq += 1
-        self._busy_event.set()
+            if not self._busy_event.is_set():  # cleared only under the lock
+                self._busy_event.set()
         try:
             if not self._lanes.try_inline(lane, task):
                 self._lanes.submit(lane, task)
