@@ -192,6 +192,27 @@ def test_dropped_instances_leave_no_programs_behind(executor):
     assert _programs_held(executor) == before
 
 
+
+def test_program_of_a_destroyed_instance_is_refused(executor):
+    """A method's program kept past its instance's destroy (the Executor
+    API allows it) fails clearly and is not held again."""
+    Object = _object_class()
+    x = put(1, cpu_devices()[0])
+    obj = Object()
+    assert int(obj.echo(x)) == 1
+    (sp,) = obj.echo._cache.values()
+    ref = sp.program(executor.payload_version)
+    del obj, sp
+    gc.collect()
+    _ok_call = jaxcolo.colocated_python(lambda v: v).specialize(
+        out_specs_fn=lambda v: v)
+    int(_ok_call(x))  # sends the queued destroy
+    before = _programs_held(executor)
+    for _ in range(3):
+        with pytest.raises(jaxcolo.ExecutorError, match="already destroyed"):
+            executor.call(ref, [x], lane=1)
+    assert _programs_held(executor) == before
+
 def test_stateful_object(executor):
     @jaxcolo.colocated_python_class
     class Value:

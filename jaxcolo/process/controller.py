@@ -115,6 +115,7 @@ class ProcessExecutor(HostSet, Executor):
         self._ids = itertools.count(1)
         self._plans: dict = {}
         self._instance_plans: dict = {}    # instance id -> program ids
+        self._destroyed: set = set()       # instance ids sent a destroy
         self._pending: dict = {}           # call id -> (Call, host, link)
         self._instances: dict = {}         # instance id -> set of hosts
         self._lost_instances: dict = {}    # instance id -> reason
@@ -176,6 +177,8 @@ class ProcessExecutor(HostSet, Executor):
             self._stats["programs_decoded"] += 1
         plan = Plan(program, prog, self._owner)
         with self._lock:
+            if plan.instance_id in self._destroyed:
+                return plan  # its calls fail; never held again
             held = self._plans.setdefault(program.id, plan)
             if held is plan and plan.instance_id:  # dropped with it
                 self._instance_plans.setdefault(plan.instance_id,
@@ -227,6 +230,7 @@ class ProcessExecutor(HostSet, Executor):
                 return
             hosts = self._instances.pop(instance_id, ())
             self._lost_instances.pop(instance_id, None)
+            self._destroyed.add(instance_id)
             dropped = self._instance_plans.pop(instance_id, ())
             for pid in dropped:
                 self._plans.pop(pid, None)
@@ -401,6 +405,9 @@ class ProcessExecutor(HostSet, Executor):
         return exc
 
     def _check_instance(self, plan) -> None:
+        if plan.instance_id in self._destroyed:
+            raise ExecutorError(f"{plan.name}: instance {plan.instance_id} "
+                                "was already destroyed")
         reason = self._lost_instances.get(plan.instance_id)
         if reason is not None:
             raise ExecutorError(
