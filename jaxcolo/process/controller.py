@@ -57,6 +57,7 @@ from jaxcolo.process.hosts import HostLink, controller_hello
 from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
 from jaxcolo.process.results import Call, Plan, executor_thread
+from jaxcolo.transport import interrupts
 
 _LANE_MASK = (1 << 63) - 1
 
@@ -144,6 +145,8 @@ class ProcessExecutor(HostSet, Executor):
             self._connect_all()
         self._deadlines = Deadlines(self._expired)
         self._destroys = DestroyQueue(self._send_destroy)
+        # Ctrl-C waits until the main thread is between messages
+        self._sigint = interrupts.install()
         lost = self._set_ready_unless_lost()
         if lost:
             self._ready.set()
@@ -448,5 +451,8 @@ class ProcessExecutor(HostSet, Executor):
             w.stop()
         if self._socket_dir is not None:
             self._remove_socket_dir()
+        if getattr(self, "_sigint", False):
+            self._sigint = False
+            interrupts.uninstall()
         self._ready.set()
 

@@ -32,6 +32,7 @@ from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
 from jaxcolo.process.results import executor_thread
 from jaxcolo.transport import blobs, channel as ch, handshake
+from jaxcolo.transport.interrupts import CRITICAL
 
 log = logging.getLogger("jaxcolo.executor")
 READ_POLL = 0.05    # seconds between checks of a reader's stop condition
@@ -151,26 +152,28 @@ class HostLink:
         failed), reading this link's messages meanwhile whenever no other
         thread is reading them."""
         role = self._role
-        with role:
-            self._waiters += 1
-            try:
-                while not done():
-                    if self._reading or self._lost:
-                        role.wait(READ_POLL)
-                        continue
-                    self._reading = self._reader_waits = True
-                    role.release()
-                    try:
-                        self._read_until(done)
-                    finally:
-                        role.acquire()
-                        self._reading = self._reader_waits = False
-                        if self._waiters > 1:
-                            role.notify_all()
-            finally:
-                self._waiters -= 1
-        if not self._waiters and self._expected > 0:
-            self.kick()  # replies nobody waits for: the background reads
+        try:
+            with role:
+                self._waiters += 1
+                try:
+                    while not done():
+                        if self._reading or self._lost:
+                            role.wait(READ_POLL)
+                            continue
+                        self._reading = self._reader_waits = True
+                        role.release()
+                        try:
+                            self._read_until(done)
+                        finally:
+                            role.acquire()
+                            self._reading = self._reader_waits = False
+                            if self._waiters > 1:
+                                role.notify_all()
+                finally:
+                    self._waiters -= 1
+        finally:  # also when interrupted: a reply may still come
+            if not self._waiters and self._expected > 0:
+                self.kick()  # replies nobody waits for: the background reads
 
     def expect_reply(self) -> None:
         """A call was sent: its reply (result or error) will come."""
@@ -212,7 +215,8 @@ class HostLink:
             with executor_thread():
                 while not self._lost and not done():
                     if self.channel.readable(READ_POLL, ch.SPIN):
-                        self._handle(self.channel.recv())
+                        with CRITICAL:  # a reply is never half-taken
+                            self._handle(self.channel.recv())
         except ExecutorError as e:
             reason = str(e)
         except PayloadError as e:

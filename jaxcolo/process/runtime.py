@@ -176,6 +176,10 @@ def run(args) -> int:
     if args.parent_pid:
         threading.Thread(target=_watch_parent, args=(args.parent_pid,),
                          daemon=True).start()
+        # Ctrl-C in the controller's terminal reaches its whole process
+        # group: it interrupts the controller's call, never its workers
+        # (they end with the controller, or when told to).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     check_arguments(args)
     authkey = read_authkey(args.authkey_file)
     local = args.local_devices or max(1, 8 // args.num_hosts)

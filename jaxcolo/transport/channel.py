@@ -27,6 +27,7 @@ from typing import Callable
 
 from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.transport import handshake
+from jaxcolo.transport.interrupts import CRITICAL
 
 log = logging.getLogger("jaxcolo.transport")
 
@@ -174,7 +175,7 @@ class Channel:
         if len(frame) > MAX_FRAME:
             raise ExecutorError(f"frame of {len(frame)} bytes exceeds "
                                 f"{MAX_FRAME}")
-        with self._send_lock:
+        with self._send_lock, CRITICAL:  # frames are never half-sent
             try:
                 self._conn.send_bytes(frame)
             except (OSError, ValueError) as e:
@@ -183,7 +184,7 @@ class Channel:
     def send_frames(self, frames) -> None:
         """Send several frames with nothing in between (a message and the
         out-of-band buffers that follow it)."""
-        with self._send_lock:
+        with self._send_lock, CRITICAL:
             try:
                 for frame in frames:
                     if len(frame) > MAX_FRAME:

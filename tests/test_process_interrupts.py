@@ -1,0 +1,125 @@
+"""Ctrl-C and the ProcessExecutor: a KeyboardInterrupt in the calling
+(main) thread interrupts that call only -- it never leaves a connection out
+of step (which used to get the worker declared lost and restarted, with
+every instance's state) -- and SIGINT never stops a worker the executor
+started."""
+
+import _thread
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import jaxcolo
+from tests.colocated_support import cpu_devices, put
+
+
+# Run as its own program (a KeyboardInterrupt may also land in a garbage
+# collection callback: reported as "Exception ignored", harmless, but
+# pytest's unraisable-exception hook would turn it into a failure).
+_CALLER = r"""
+import _thread, json, random, signal, sys, threading, time
+import jax, numpy as np, jaxcolo
+
+class Armed:  # raises only around calls: the bookkeeping is never hit
+    armed = False
+    def __call__(self, signum, frame):
+        if self.armed:
+            raise KeyboardInterrupt
+
+poke = Armed()
+before = signal.signal(signal.SIGINT, poke)
+f = jaxcolo.colocated_python(lambda x: x).specialize(out_specs_fn=lambda x: x)
+dev = jax.devices()[0]
+small = jax.device_put(np.int32(7), dev)
+big_host = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: several frames
+big = jax.device_put(big_host, dev)
+stop = threading.Event()
+
+def shoot():
+    rnd = random.Random(5)
+    while not stop.wait(rnd.uniform(0.0002, 0.004)):
+        _thread.interrupt_main()
+
+# shm=False: big arrays cross as out-of-band frames after their message
+with jaxcolo.ProcessExecutor(num_hosts=1, shm=False) as ex, \
+        jaxcolo.use_executor(ex):
+    assert int(f(small)) == 7
+    threading.Thread(target=shoot, daemon=True).start()
+    completed = interrupted = wrong = 0
+    deadline = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < deadline and (completed < 300 or
+                                           interrupted < 300):
+        x = big if completed % 4 == 3 else small
+        try:
+            poke.armed = True
+            out = f(x)
+            poke.armed = False
+        except KeyboardInterrupt:
+            poke.armed = False
+            interrupted += 1
+            continue
+        ok = (np.array_equal(np.asarray(out), big_host) if x is big
+              else int(out) == 7)
+        wrong += not ok
+        completed += 1
+    stop.set()
+    time.sleep(0.01)
+    last = int(f(small))
+    st = ex.stats()
+print(json.dumps(dict(completed=completed, interrupted=interrupted,
+                      wrong=wrong, last=last, lost=st["lost"],
+                      restarts=st["restarts"], refused=st["refused"],
+                      refused_by_hosts=st["refused_by_hosts"],
+                      handler_back=signal.getsignal(signal.SIGINT) is poke)))
+"""
+
+
+def test_ctrl_c_in_the_main_thread_loses_no_host():
+    out = subprocess.run([sys.executable, "-c", _CALLER, "8"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["interrupted"] >= 50, r  # the interrupts did land
+    assert r["completed"] >= 20 and r["wrong"] == 0 and r["last"] == 7, r
+    assert r["lost"] == 0 and r["restarts"] == 0, r
+    assert r["refused"] == 0 and r["refused_by_hosts"] == 0, r
+    assert r["handler_back"], r  # put back at close
+
+
+def test_sigint_does_not_stop_a_started_worker():
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=lambda x: x)
+    x = put(np.int32(1), cpu_devices()[0])
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+        assert int(f(x)) == 2
+        (pid,) = ex.worker_pids()
+        os.kill(pid, signal.SIGINT)  # as Ctrl-C in the terminal does
+        time.sleep(0.5)
+        assert int(f(x)) == 2
+        assert ex.worker_pids() == [pid]
+        assert ex.stats()["lost"] == 0
+
+
+@pytest.mark.parametrize("handler", [signal.SIG_IGN, "custom"])
+def test_other_sigint_handlers_are_kept(handler):
+    """An ignored SIGINT stays ignored; a user's handler is still called
+    (outside sections at once) and is put back at close."""
+    seen = []
+    if handler == "custom":
+        handler = lambda signum, frame: seen.append(signum)  # noqa: E731
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        with jaxcolo.ProcessExecutor(num_hosts=1) as ex:
+            _thread.interrupt_main()
+            time.sleep(0.01)
+            assert ex.num_hosts == 1
+        assert signal.getsignal(signal.SIGINT) is handler
+        assert seen == ([] if handler is signal.SIG_IGN else [signal.SIGINT])
+    finally:
+        signal.signal(signal.SIGINT, previous)
