@@ -97,7 +97,8 @@ class Buffer:
     expressions) charge it to ``parse_left`` through :meth:`charge_parse`.
     """
 
-    __slots__ = ("data", "size", "visits_left", "parse_left", "strs")
+    __slots__ = ("data", "size", "visits_left", "parse_left", "reads_left",
+                 "strs")
 
     def __init__(self, data: bytes):
         self.data = data
@@ -106,7 +107,19 @@ class Buffer:
         # each (decoders make one or two passes), plus slack.
         self.visits_left = self.size + 4096
         self.parse_left = 4 * self.size + 65536
+        # Vector elements handed out.  Several tables (or entries of one
+        # vector) may point at the same vector: without a budget, re-reading
+        # it once per reference would cost entries x length.  A decoder
+        # reads each of the (at most size) elements once or twice.
+        self.reads_left = 8 * self.size + 65536
         self.strs: dict = {}  # string position -> decoded str
+
+    def charge_reads(self, n: int, path: str) -> None:
+        """Account for handing out ``n`` vector elements."""
+        self.reads_left -= n
+        if self.reads_left < 0:
+            _fail(path, "vector reads are out of proportion to the payload "
+                  "size (vectors shared by many tables or entries)")
 
     def charge_parse(self, n: int, path: str) -> None:
         """Account for parsing ``n`` characters of text from this buffer."""
@@ -234,6 +247,7 @@ class Table:
         v = self._vector(voff, 1, path, name)
         if v is None:
             return None
+        self.buf.charge_reads(v[1], f"{path}.{name}")
         return self.buf.data[v[0]:v[0] + v[1]]
 
     def array(self, voff: int, kind: str, path: str, name: str) -> np.ndarray:
@@ -242,6 +256,7 @@ class Table:
         v = self._vector(voff, dt.itemsize, path, name)
         if v is None:
             return np.empty(0, dt)
+        self.buf.charge_reads(v[1], f"{path}.{name}")
         return np.frombuffer(self.buf.data, dt, v[1], v[0])
 
     def ints(self, voff: int, kind: str, path: str, name: str) -> tuple:
@@ -250,6 +265,7 @@ class Table:
         v = self._vector(voff, width, path, name)
         if v is None or not v[1]:
             return ()
+        self.buf.charge_reads(v[1], f"{path}.{name}")
         return struct.unpack_from(f"<{v[1]}{code}", self.buf.data, v[0])
 
     def strings(self, voff: int, path: str, name: str) -> list:
@@ -259,6 +275,7 @@ class Table:
         buf = self.buf
         data, string_at, cached = buf.data, buf.string_at, buf.strs.get
         start, n = v
+        buf.charge_reads(n, f"{path}.{name}")
         out = []
         for i in range(n):
             at = start + 4 * i
@@ -273,6 +290,7 @@ class Table:
             return []
         data = self.buf.data
         start, n = v
+        self.buf.charge_reads(n, f"{path}.{name}")
         return [start + 4 * i + _U32(data, start + 4 * i)[0] for i in range(n)]
 
     def vector_length(self, voff: int, width: int, path: str, name: str) -> int:

@@ -82,6 +82,51 @@ def test_export_tree_with_shared_children_is_refused():
             fn(bytes(data))
 
 
+
+def _offsets(b, offs):
+    b.StartVector(4, len(offs), 4)
+    for o in reversed(offs):
+        b.PrependUOffsetTRelative(o)
+    return b.EndVector()
+
+
+def test_one_table_shared_by_many_entries_is_refused():
+    """2,000 entries of ``treedefs`` all point at one 20,000-leaf treedef:
+    each entry used to be decoded on its own (9 s and 2 GB from 40 KB).
+    Vector reads are budgeted by the payload size now."""
+    import flatbuffers
+    import jaxcolo_fb as fb
+
+    n, k = 20000, 2000
+    b = flatbuffers.Builder(0)
+
+    def structure(leaves):
+        kinds = b.CreateByteVector(bytes([fb.NodeKind.tuple]) +
+                                   bytes([fb.NodeKind.leaf]) * leaves)
+        arities = b.CreateNumpyVector(np.array([leaves], np.uint32))
+        fb.PyTreeDefStart(b)
+        fb.PyTreeDefAddKinds(b, kinds)
+        fb.PyTreeDefAddArities(b, arities)
+        return fb.PyTreeDefEnd(b)
+
+    shared = _offsets(b, [structure(n)] * k)
+    outer = structure(k)
+    kinds = b.CreateByteVector(bytes([fb.LeafKind.treedef]) * k)
+    refs = b.CreateNumpyVector(np.arange(k, dtype=np.uint32))
+    fb.SpecTreeStart(b)
+    fb.SpecTreeAddStructure(b, outer)
+    fb.SpecTreeAddLeafKinds(b, kinds)
+    fb.SpecTreeAddLeafRefs(b, refs)
+    fb.SpecTreeAddTreedefs(b, shared)
+    b.Finish(fb.SpecTreeEnd(b))
+    data = envelope.seal(b.Output(), RootKind.spec_tree,
+                         jaxcolo.SCHEMA_VERSION, 1)
+    for packed in (data, envelope.seal(b.Output(), RootKind.spec_tree,
+                                       jaxcolo.SCHEMA_VERSION, 1, True)):
+        with pytest.raises(jaxcolo.PayloadError, match=r"vector reads are out "
+                           r"of proportion.*at \$\.treedefs\[\d+\]"):
+            jaxcolo.deserialize(packed)
+
 def _with_symbolic_text(monkeypatch, text):
     """A payload whose one symbolic dim is written as ``text``."""
     real = aval._shape_item
