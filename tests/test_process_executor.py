@@ -115,6 +115,24 @@ def test_single_host_calls_of_a_multi_host_executor(multi_host):
 
 # ------------------------------------------------------------------ wire
 
+def test_node_types_a_fresh_worker_has_not_imported():
+    """A namedtuple (or registered node) in the specs of a program whose
+    module the worker has not imported: the worker imports it through the
+    body, as JAX's colocated Python does (it used to refuse every call)."""
+    from tests import colocated_types as ct
+
+    dev = cpu_devices()[0]
+    x, y = put(np.float32(1), dev), put(np.float32(2), dev)
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+        swap = jaxcolo.colocated_python(ct.swap)
+        out = swap(ct.Pair(x, y))
+        assert type(out) is ct.Pair and float(out.left) == 2.0
+        boxed = jaxcolo.colocated_python(ct.boxed)  # a discovery call
+        out = boxed(x)
+        assert type(out) is ct.Box and float(out.b) == 2.0
+        assert float(boxed(y).b) == 4.0
+
+
 @pytest.mark.parametrize("shm", [True, False], ids=["shm", "frames"])
 def test_large_arrays_round_trip(shm):
     devs = cpu_devices()

@@ -35,8 +35,9 @@ import cloudpickle
 
 from jaxcolo_fb import MessageKind as K
 from jaxcolo.colocated.inline import InlineExecutor
-from jaxcolo.colocated.program import ProgramRef, decode_program
-from jaxcolo.errors import ExecutorError, PayloadError
+from jaxcolo.colocated.body import loads_body
+from jaxcolo.colocated.program import ProgramRef, decode_program, read_program
+from jaxcolo.errors import ExecutorError, PayloadError, UnregisteredError
 from jaxcolo.process import arrays, messages
 from jaxcolo.process.lanes import LaneRunner, OrderedGate
 from jaxcolo.transport import blobs, channel as channel_mod
@@ -53,6 +54,22 @@ class _Program:
         self.error = None
         self.decoded = None
         self.in_layouts = None
+
+
+def _decode_importing(payload: bytes):
+    """decode_program; when its specs name a namedtuple or registered
+    pytree node this process has not seen yet, once more after unpickling
+    the body, which imports the modules it refers to (where the type is
+    defined, or registered).  The body is the program's own code, which
+    this worker runs anyway; loaded here only to import, then dropped."""
+    try:
+        return decode_program(payload)
+    except UnregisteredError as first:
+        try:
+            loads_body(read_program(payload).body)
+        except Exception:  # noqa: BLE001 - the first error says more
+            raise first from None
+        return decode_program(payload)
 
 
 def _reason(e: BaseException) -> str:
@@ -295,7 +312,7 @@ class Session:
                                "content", "$.program_id")
         entry = _Program(ref)
         try:
-            prog = decode_program(ref.payload)
+            prog = _decode_importing(ref.payload)
             entry.decoded = prog
             entry.in_layouts = [arrays.Layout(s, True)
                                 for s in prog.in_leaves]

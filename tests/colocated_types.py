@@ -1,0 +1,30 @@
+"""Pytree node types for the executor tests, in a module of their own: a
+worker imports it only when it unpickles a body that refers to it."""
+
+import collections
+import dataclasses
+
+import jax
+import jax.export
+
+Pair = collections.namedtuple("Pair", ["left", "right"])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Box:
+    a: object
+    b: object
+
+
+jax.export.register_pytree_node_serialization(
+    Box, serialized_name="tests.colocated_types.Box",
+    serialize_auxdata=lambda aux: b"", deserialize_auxdata=lambda data: ())
+
+
+def swap(p):
+    return Pair(p.right, p.left)
+
+
+def boxed(x):
+    return Box(x, x * 2)
