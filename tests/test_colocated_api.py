@@ -401,3 +401,35 @@ def test_specialisations_keep_their_own_closure_state(executor):
     assert [int(f(a)) for _ in range(2)] == [1, 2]
     assert [float(f(b)) for _ in range(2)] == [1.0, 2.0]
     assert int(f(a)) == 3
+
+
+def test_use_executor_blocks_overlapping_in_two_threads():
+    """Thread 1 enters A, thread 2 enters B, thread 1 leaves (A closed):
+    B stays in use, and once B is left too the default is back (restoring
+    a saved previous one left the closed A in use for the process)."""
+    import threading
+
+    before = jaxcolo.get_executor()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with jaxcolo.InlineExecutor() as a, jaxcolo.use_executor(a):
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def second():
+        a_in.wait(10)
+        with jaxcolo.InlineExecutor() as b, jaxcolo.use_executor(b):
+            b_in.set()
+            a_out.wait(10)
+            seen["b"] = jaxcolo.get_executor() is b
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == {"b": True}
+    assert jaxcolo.get_executor() is before

@@ -112,6 +112,7 @@ class Executor(abc.ABC):
 
 _lock = threading.Lock()
 _current: list = [None]   # the executor in use, process-wide (None: default)
+_entered: list = []       # (token, executor) of the open use_executor blocks
 _default: list = [None]
 
 
@@ -135,18 +136,27 @@ def get_executor() -> Executor:
 @contextlib.contextmanager
 def use_executor(executor: Executor):
     """Make colocated calls, from every thread, use ``executor`` inside the
-    ``with`` block; the previous executor is restored on exit.
+    ``with`` block.
 
     Process-wide rather than per thread, because threads started inside the
-    block (workers, data loaders) are meant to use it too.
+    block (workers, data loaders) are meant to use it too.  The executor in
+    use is the one of the most recently entered block still open: leaving a
+    block removes its own entry, so blocks that overlap without nesting
+    (two threads) never leave an executor behind after they are all left.
     """
     if not isinstance(executor, Executor):
         raise TypeError(f"use_executor needs an Executor, got "
                         f"{type(executor).__name__}")
+    token = object()
     with _lock:
-        previous, _current[0] = _current[0], executor
+        _entered.append((token, executor))
+        _current[0] = executor
     try:
         yield executor
     finally:
         with _lock:
-            _current[0] = previous
+            for i in range(len(_entered) - 1, -1, -1):
+                if _entered[i][0] is token:
+                    del _entered[i]
+                    break
+            _current[0] = _entered[-1][1] if _entered else None
