@@ -98,6 +98,25 @@ def test_cross_host_reduction_matches_single_process(multi_host):
     assert prog["device_ids"] == [d.id for d in devs]
 
 
+
+def _dtype_by_host(a):
+    return a if jax.process_index() == 0 else a.astype(jnp.int32)
+
+
+def test_hosts_discovering_different_specs_is_an_error(two_hosts):
+    """A discovery call whose hosts return different specs used to take
+    host 0's and reinterpret the other hosts' bytes with them."""
+    devs = cpu_devices()
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(
+        Mesh(np.array(devs), ("x",)), P("x")))
+    f = jaxcolo.colocated_python(_dtype_by_host)
+    with jaxcolo.use_executor(two_hosts):
+        for _ in range(2):
+            with pytest.raises(ValueError, match=r"_dtype_by_host: hosts 0 "
+                               r"and 1 returned outputs of different specs"):
+                f(x)
+    assert _ok(two_hosts) == 42
+
 def test_single_host_calls_of_a_multi_host_executor(multi_host):
     ex, hosts = multi_host
     devs = cpu_devices()

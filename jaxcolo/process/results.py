@@ -199,6 +199,20 @@ class Call:
                 self.future.set_result(result)
         return True
 
+    def _check_hosts_agree(self, parts, specs, tree) -> None:
+        """ValueError unless every host discovered the same output specs
+        (each host's shards are read by them)."""
+        h0 = self.plan.hosts[0]
+        for h, (m, _, _) in zip(self.plan.hosts[1:], parts[1:]):
+            if m.specs == specs:
+                continue
+            other = None if m.specs is None else \
+                spec_tree.decode_spec_tree(m.specs)
+            if other != tree:
+                raise ValueError(
+                    f"{self.plan.name}: hosts {h0} and {h} returned outputs "
+                    f"of different specs: {tree} vs {other}")
+
     def _assemble(self):
         parts = [self._parts[h] for h in self.plan.hosts]
         specs = None
@@ -207,7 +221,9 @@ class Call:
             if specs is None:
                 raise PayloadError("discovery result without specs",
                                    "$.specs")
-            leaves = jtu.tree_leaves(spec_tree.decode_spec_tree(specs))
+            tree = spec_tree.decode_spec_tree(specs)
+            self._check_hosts_agree(parts, specs, tree)
+            leaves = jtu.tree_leaves(tree)
             for i, s in enumerate(leaves):
                 if type(s) is not jax.ShapeDtypeStruct or s.sharding is None:
                     raise PayloadError(f"discovered spec {i} is not a "
