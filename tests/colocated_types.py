@@ -2,6 +2,7 @@
 worker imports it only when it unpickles a body that refers to it."""
 
 import collections
+import os
 import dataclasses
 
 import jax
@@ -28,3 +29,18 @@ def swap(p):
 
 def boxed(x):
     return Box(x, x * 2)
+
+
+def constructed_here():
+    return RuntimeError(f"constructed in pid {os.getpid()}")
+
+
+class Sneaky(Exception):
+    """An exception whose pickle calls a function of its choosing."""
+
+    def __reduce__(self):
+        return constructed_here, ()
+
+
+def raise_sneaky(x):
+    raise Sneaky("from the host")

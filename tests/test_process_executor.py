@@ -395,6 +395,22 @@ def test_messages_are_payloads_without_pickle():
 
 # ---------------------------------------------------------------- faults
 
+def test_a_remote_exception_names_nothing_but_exception_classes(one_host):
+    """The controller unpickled the worker's exception with cloudpickle: an
+    exception's pickle could make it call any function.  Now only exception
+    classes known here are resolved; the rest is an ExecutorError."""
+    from tests import colocated_types as ct
+
+    f = jaxcolo.colocated_python(ct.raise_sneaky).specialize(
+        out_specs_fn=_identity)
+    with jaxcolo.use_executor(one_host):
+        with pytest.raises(jaxcolo.ExecutorError, match=r"tests\.colocated_"
+                           r"types\.Sneaky: from the host") as info:
+            f(put(1, cpu_devices()[0]))
+    assert type(info.value) is jaxcolo.ExecutorError
+    assert _ok(one_host) == 42
+
+
 def test_function_error_keeps_type_and_remote_traceback(one_host):
     class Boom(KeyError):
         pass

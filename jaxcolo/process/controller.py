@@ -51,7 +51,7 @@ import jax
 from jaxcolo.colocated.executor import Executor
 from jaxcolo.colocated.program import decode_program
 from jaxcolo.errors import ExecutorError
-from jaxcolo.process import arrays, messages
+from jaxcolo.process import arrays, messages, remote_errors
 from jaxcolo.process.deadlines import Deadlines, check_timeout
 from jaxcolo.process.hosts import HostLink, controller_hello
 from jaxcolo.process.hostset import HostSet
@@ -394,13 +394,9 @@ class ProcessExecutor(HostSet, Executor):
 
     def _remote_error(self, link, m) -> BaseException:
         exc = None
-        if m.error_pickle:
-            try:
-                import cloudpickle
-                exc = cloudpickle.loads(m.error_pickle)
-            except Exception:  # noqa: BLE001 - fall back to type name + text
-                exc = None
-        if not isinstance(exc, BaseException):
+        if m.error_pickle:  # exception classes known here, nothing else
+            exc = remote_errors.loads_exception(m.error_pickle)
+        if exc is None:
             exc = ExecutorError(f"{m.error_type}: {m.error_message}")
         if m.error_traceback:
             exc.add_note(f"Remote traceback from {link.describe}:\n"

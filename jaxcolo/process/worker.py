@@ -14,8 +14,9 @@ runs in an
 :class:`~jaxcolo.colocated.inline.InlineExecutor` (loading bodies, class
 instances, output checks, discovery), and its outputs -- the shards this host
 holds -- go back in a ``result``, or its exception in an ``error`` (type,
-message, remote traceback, and the exception itself cloudpickled when
-possible, so the caller re-raises the same type).
+message, remote traceback, and the exception itself pickled with its
+classes by name when possible, see :mod:`jaxcolo.process.remote_errors`, so
+the caller re-raises the same type).
 
 Device ids: the worker process has installed its device map
 (``jaxcolo.codec.mesh.set_device_space``), so every payload it reads or
@@ -31,14 +32,12 @@ import threading
 import time
 import traceback
 
-import cloudpickle
-
 from jaxcolo_fb import MessageKind as K
 from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.colocated.body import loads_body
 from jaxcolo.colocated.program import ProgramRef, decode_program, read_program
 from jaxcolo.errors import ExecutorError, PayloadError, UnregisteredError
-from jaxcolo.process import arrays, messages
+from jaxcolo.process import arrays, messages, remote_errors
 from jaxcolo.process.lanes import LaneRunner, OrderedGate
 from jaxcolo.transport import blobs, channel as channel_mod
 
@@ -81,10 +80,7 @@ def error_message(call_id: int, e: BaseException, where: str) -> messages.Messag
     """An ``error`` message carrying exception ``e``."""
     t = type(e)
     tb = "".join(traceback.format_exception(e))
-    try:
-        pickled = cloudpickle.dumps(e)
-    except Exception:  # an unpicklable exception: type name and text only
-        pickled = None
+    pickled = remote_errors.dumps_exception(e)  # None: type name and text
     return messages.Message(
         K.error, call_id=call_id,
         error_type=f"{t.__module__}.{t.__qualname__}",

@@ -1,0 +1,112 @@
+"""A function's exception, from the worker that raised it to the caller.
+
+The controller never unpickles what a worker names freely: the worker
+pickles an exception with every exception class *by reference*, and the
+controller's unpickler resolves nothing but such references, only to
+exception classes this process already has:
+
+* by module and qualified name, in a module already imported here (also a
+  class of the caller's ``__main__``);
+* a class the function's body carried by value (defined in a function, say)
+  by the id cloudpickle tracks it under: the class this process pickled.
+
+Nothing is imported and no other global is reachable.  So the caller gets
+the same exception type with its args and attributes; anything else (args
+or attributes holding other objects, a class unknown here) gives None, and
+the caller an ExecutorError naming the type and the message.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+
+_THIS = __name__
+
+
+def exception_class(module: str, qualname: str) -> type:
+    """The exception class ``module.qualname`` of an imported module."""
+    mod = sys.modules.get(module)
+    obj = mod
+    for part in qualname.split("."):
+        if obj is None or part.startswith("<"):
+            obj = None
+            break
+        obj = getattr(obj, part, None)
+    if not (isinstance(obj, type) and issubclass(obj, BaseException)):
+        raise pickle.UnpicklingError(
+            f"{module}.{qualname} is not an exception class here")
+    return obj
+
+
+def _tracked_classes():
+    """cloudpickle's (class -> id, id -> class) tables of classes pickled by
+    value, or None if this cloudpickle has none."""
+    try:
+        from cloudpickle import cloudpickle as cp
+        return (cp._DYNAMIC_CLASS_TRACKER_BY_CLASS,
+                cp._DYNAMIC_CLASS_TRACKER_BY_ID)
+    except (ImportError, AttributeError):  # pragma: no cover - other versions
+        return None
+
+
+def tracked_exception_class(tracker_id: str) -> type:
+    """The exception class cloudpickle tracks under ``tracker_id``."""
+    tables = _tracked_classes()
+    cls = None if tables is None else tables[1].get(tracker_id)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        raise pickle.UnpicklingError(f"no exception class tracked as "
+                                     f"{tracker_id!r} here")
+    return cls
+
+
+def _reference(cls: type):
+    """How ``cls`` is named in a pickled exception."""
+    try:
+        if exception_class(cls.__module__, cls.__qualname__) is cls:
+            return exception_class, (cls.__module__, cls.__qualname__)
+    except pickle.UnpicklingError:
+        pass
+    tables = _tracked_classes()
+    tracker_id = None if tables is None else tables[0].get(cls)
+    if tracker_id is None:
+        raise pickle.PicklingError(f"{cls.__qualname__} cannot be named")
+    return tracked_exception_class, (tracker_id,)
+
+
+class _ExceptionPickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            return _reference(obj)
+        return NotImplemented
+
+
+class _ExceptionUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == _THIS and name == "exception_class":
+            return exception_class
+        if module == _THIS and name == "tracked_exception_class":
+            return tracked_exception_class
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a "
+                                     "remote exception")
+
+
+def dumps_exception(e: BaseException) -> bytes | None:
+    """``e`` pickled for ``loads_exception``; None if it cannot be."""
+    out = io.BytesIO()
+    try:
+        _ExceptionPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(e)
+    except Exception:  # noqa: BLE001 - args that do not pickle
+        return None
+    return out.getvalue()
+
+
+def loads_exception(data: bytes) -> BaseException | None:
+    """The exception ``dumps_exception`` wrote, or None when it names
+    anything but exception classes known here (or is not an exception)."""
+    try:
+        exc = _ExceptionUnpickler(io.BytesIO(data)).load()
+    except Exception:  # noqa: BLE001 - any refusal: type name and text
+        return None
+    return exc if isinstance(exc, BaseException) else None
