@@ -91,6 +91,11 @@ def read_header(data, *, check_crc: bool = True) -> Header:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PayloadError(
             f"payload must be bytes, got {type(data).__name__}", "$")
+    if type(data) is memoryview and not (data.c_contiguous and
+                                         data.itemsize == 1):
+        raise PayloadError("a payload memoryview must be contiguous bytes "
+                           f"(format {data.format!r}, contiguous "
+                           f"{data.c_contiguous})", "$")
     if len(data) < HEADER_SIZE:
         raise PayloadError(
             f"truncated payload: {len(data)} bytes, the header alone is "

@@ -520,3 +520,27 @@ def test_hlo_sharding_with_last_tile_dims_round_trips():
     with pytest.raises(jaxcolo.PayloadError, match="declares "
                        "min_reader_version 4"):
         jaxcolo.deserialize(bytes(forged))
+
+
+def test_zero_axis_and_empty_meshes():
+    """A one-device mesh with no axes round-trips (its payload was refused
+    by our own reader); JAX's empty mesh is an EncodeError, not a leaked
+    AssertionError."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    m0 = Mesh(np.array(jax.devices()[0], dtype=object).reshape(()), ())
+    s = NamedSharding(m0, P())
+    assert jaxcolo.deserialize(jaxcolo.serialize(s)) == s
+    with pytest.raises(jaxcolo.EncodeError, match="empty Mesh"):
+        jaxcolo.serialize(jmesh.empty_concrete_mesh)
+
+
+def test_memoryviews_that_are_not_contiguous_bytes():
+    data = jaxcolo.serialize([np.dtype("f4"), None])
+    assert jaxcolo.deserialize(memoryview(data)) == [np.dtype("f4"), None]
+    strided = memoryview(bytes(x for b in data for x in (b, 0)))[::2]
+    words = memoryview(data + bytes(-len(data) % 4)).cast("I")
+    for view in (strided, words):
+        for fn in (jaxcolo.deserialize, jaxcolo.inspect):
+            with pytest.raises(jaxcolo.PayloadError):
+                fn(view)

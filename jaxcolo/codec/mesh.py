@@ -183,6 +183,9 @@ def _read_axis_names(t, voff, path):
 
 
 def _mesh_item(mesh, path):
+    if mesh.empty:  # JAX's placeholder for "no mesh": not a mesh to send
+        raise EncodeError("an empty Mesh (no devices) cannot be serialized",
+                          path)
     ids = mesh.device_ids if _SPACE[0] is None else \
         [payload_id(d) for d in mesh.devices.flat]
     return (device_id_array(ids, path + ".device_ids"),
@@ -229,7 +232,7 @@ def decode_mesh(reader, t, path):
     if len(sizes) != len(names):
         raise PayloadError(f"{len(sizes)} axis sizes for {len(names)} names",
                            f"{path}.axis_sizes")
-    if not sizes or min(sizes) < 1:
+    if sizes and min(sizes) < 1:  # no axes: one device
         raise PayloadError(f"mesh axis sizes {_short(sizes)} must be >= 1",
                            f"{path}.axis_sizes")
     if bounded_product(sizes, len(ids)) != len(ids):
