@@ -544,3 +544,23 @@ def test_memoryviews_that_are_not_contiguous_bytes():
         for fn in (jaxcolo.deserialize, jaxcolo.inspect):
             with pytest.raises(jaxcolo.PayloadError):
                 fn(view)
+
+
+Pair = collections.namedtuple("Pair", ["a", "b"])
+
+
+def test_namedtuples_that_cannot_be_found_by_name_are_refused():
+    """collections.namedtuple called in a function has a bare qualname:
+    it serialized, then could not be read back, or read back as the
+    module-level class of the same name."""
+    def make():
+        return (collections.namedtuple("Local", ["x"]),
+                collections.namedtuple("Pair", ["a", "b"]))
+
+    for t in make():
+        fields = [None] * len(t._fields)
+        with pytest.raises(jaxcolo.EncodeError, match="not what that name "
+                           "refers to"):
+            jaxcolo.serialize(jax.tree_util.tree_structure(t(*fields)))
+    td = jax.tree_util.tree_structure(Pair(1, 2))
+    assert jaxcolo.deserialize(jaxcolo.serialize(td)) == td

@@ -142,9 +142,11 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
     elif _is_namedtuple(t):
         reg = jexport.serialization_registry.get(t)
         name = reg[0] if reg is not None else _qualified(t)
-        if reg is None and "<locals>" in name:
+        if reg is None and ("<locals>" in name or
+                            _resolve_imported(name) is not t):
             raise EncodeError(
-                f"namedtuple {name} is defined inside a function, so no "
+                f"namedtuple {name} is not what that name refers to in its "
+                "module (defined inside a function, or shadowed), so no "
                 "reader can find it by name: register it with "
                 "jax.export.register_namedtuple_serialization", path)
         out.kinds.append(NodeKind.namedtuple)
