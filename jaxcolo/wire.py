@@ -86,6 +86,13 @@ def _fail(path, reason):
     raise PayloadError(reason, path)
 
 
+def _too_many_reads(path, name):
+    """A Buffer's ``reads_left`` went negative (the accessors charge it
+    inline: this is the decoder's hottest code)."""
+    _fail(f"{path}.{name}", "vector reads are out of proportion to the "
+          "payload size (vectors shared by many tables or entries)")
+
+
 class Buffer:
     """A flatbuffer held as immutable bytes, with its size.
 
@@ -113,13 +120,6 @@ class Buffer:
         # reads each of the (at most size) elements once or twice.
         self.reads_left = 8 * self.size + 65536
         self.strs: dict = {}  # string position -> decoded str
-
-    def charge_reads(self, n: int, path: str) -> None:
-        """Account for handing out ``n`` vector elements."""
-        self.reads_left -= n
-        if self.reads_left < 0:
-            _fail(path, "vector reads are out of proportion to the payload "
-                  "size (vectors shared by many tables or entries)")
 
     def charge_parse(self, n: int, path: str) -> None:
         """Account for parsing ``n`` characters of text from this buffer."""
@@ -247,8 +247,11 @@ class Table:
         v = self._vector(voff, 1, path, name)
         if v is None:
             return None
-        self.buf.charge_reads(v[1], f"{path}.{name}")
-        return self.buf.data[v[0]:v[0] + v[1]]
+        buf = self.buf
+        buf.reads_left -= v[1]
+        if buf.reads_left < 0:
+            _too_many_reads(path, name)
+        return buf.data[v[0]:v[0] + v[1]]
 
     def array(self, voff: int, kind: str, path: str, name: str) -> np.ndarray:
         """A scalar vector as a read-only numpy array (empty when absent)."""
@@ -256,8 +259,11 @@ class Table:
         v = self._vector(voff, dt.itemsize, path, name)
         if v is None:
             return np.empty(0, dt)
-        self.buf.charge_reads(v[1], f"{path}.{name}")
-        return np.frombuffer(self.buf.data, dt, v[1], v[0])
+        buf = self.buf
+        buf.reads_left -= v[1]
+        if buf.reads_left < 0:
+            _too_many_reads(path, name)
+        return np.frombuffer(buf.data, dt, v[1], v[0])
 
     def ints(self, voff: int, kind: str, path: str, name: str) -> tuple:
         """A scalar vector as a tuple of Python ints (empty when absent)."""
@@ -265,8 +271,11 @@ class Table:
         v = self._vector(voff, width, path, name)
         if v is None or not v[1]:
             return ()
-        self.buf.charge_reads(v[1], f"{path}.{name}")
-        return struct.unpack_from(f"<{v[1]}{code}", self.buf.data, v[0])
+        buf = self.buf
+        buf.reads_left -= v[1]
+        if buf.reads_left < 0:
+            _too_many_reads(path, name)
+        return struct.unpack_from(f"<{v[1]}{code}", buf.data, v[0])
 
     def strings(self, voff: int, path: str, name: str) -> list:
         v = self._vector(voff, 4, path, name)
@@ -275,7 +284,9 @@ class Table:
         buf = self.buf
         data, string_at, cached = buf.data, buf.string_at, buf.strs.get
         start, n = v
-        buf.charge_reads(n, f"{path}.{name}")
+        buf.reads_left -= n
+        if buf.reads_left < 0:
+            _too_many_reads(path, name)
         out = []
         for i in range(n):
             at = start + 4 * i
@@ -288,9 +299,12 @@ class Table:
         v = self._vector(voff, 4, path, name)
         if v is None:
             return []
-        data = self.buf.data
+        buf = self.buf
+        data = buf.data
         start, n = v
-        self.buf.charge_reads(n, f"{path}.{name}")
+        buf.reads_left -= n
+        if buf.reads_left < 0:
+            _too_many_reads(path, name)
         return [start + 4 * i + _U32(data, start + 4 * i)[0] for i in range(n)]
 
     def vector_length(self, voff: int, width: int, path: str, name: str) -> int:
