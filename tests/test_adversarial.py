@@ -6,6 +6,7 @@ field, or round-trips exactly."""
 
 import collections
 import enum
+import json
 import os
 import struct
 import typing
@@ -564,3 +565,31 @@ def test_namedtuples_that_cannot_be_found_by_name_are_refused():
             jaxcolo.serialize(jax.tree_util.tree_structure(t(*fields)))
     td = jax.tree_util.tree_structure(Pair(1, 2))
     assert jaxcolo.deserialize(jaxcolo.serialize(td)) == td
+
+
+class _Layer:
+    """A model layer: one array child and a static config (its auxdata)."""
+
+    def __init__(self, w, cfg):
+        self.w, self.cfg = w, cfg
+
+
+jax.tree_util.register_pytree_node(
+    _Layer, lambda layer: ((layer.w,), layer.cfg),
+    lambda cfg, children: _Layer(children[0], cfg))
+export.register_pytree_node_serialization(
+    _Layer, serialized_name="tests.test_adversarial._Layer",
+    serialize_auxdata=lambda cfg: json.dumps(cfg).encode(),
+    deserialize_auxdata=json.loads)
+
+
+def test_many_nodes_sharing_their_node_data_decode():
+    """The writer stores equal node data once; the reader used to read (and
+    charge to the read budget) the shared table per node, refusing a
+    payload of 2,000 layers with a 300-byte config."""
+    cfg = {"activation": "gelu", "note": "x" * 300}
+    tree = [_Layer(_leaf(), cfg) for _ in range(2000)]
+    td = jax.tree_util.tree_structure(tree)
+    data = jaxcolo.serialize([td, tree])
+    back_td, back = jaxcolo.deserialize(data)
+    assert back_td == td and len(back) == 2000 and back[-1].cfg == cfg

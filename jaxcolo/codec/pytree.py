@@ -316,7 +316,8 @@ def decode_treedef(t, path: str):
 
 
 class _DecodeState:
-    __slots__ = ("buf", "kinds", "arities", "data_pos", "path", "k", "a", "d")
+    __slots__ = ("buf", "kinds", "arities", "data_pos", "path", "k", "a", "d",
+                 "specs")
 
     def __init__(self, buf, kinds, arities, data_pos, path):
         self.buf = buf
@@ -325,6 +326,10 @@ class _DecodeState:
         self.data_pos = data_pos
         self.path = path
         self.k = self.a = self.d = 0
+        # (node data position, kind, children) -> node spec: the writer
+        # stores equal node data once, so a tree of many alike nodes reads
+        # (and is charged for) each shared table once.
+        self.specs: dict = {}
 
     def node(self, depth):
         if depth > MAX_DEPTH:
@@ -350,13 +355,17 @@ class _DecodeState:
         if n > len(self.kinds) - self.k:
             raise PayloadError(f"arity {n} exceeds the remaining nodes",
                                f"{self.path}.arities[{self.a - 1}]")
-        data = None
+        spec = None
         if kind in _WITH_DATA:
             if self.d >= len(self.data_pos):
                 raise PayloadError("missing node data",
                                    f"{self.path}.node_data")
             dpath = f"{self.path}.node_data[{self.d}]"
-            data = self.buf.table_at(self.data_pos[self.d], dpath)
+            key = (self.data_pos[self.d], kind, n)
+            spec = self.specs.get(key)
+            if spec is None:
+                data = self.buf.table_at(self.data_pos[self.d], dpath)
+                spec = self.specs[key] = _node_spec(kind, data, n, dpath)
             self.d += 1
         children = []
         for _ in range(n):
@@ -365,7 +374,11 @@ class _DecodeState:
             return _make(_REGISTRY, (tuple, None), children)
         if kind == NodeKind.list:
             return _make(_REGISTRY, (list, None), children)
-        return _node_with_data(kind, data, children, dpath)
+        try:
+            return _make(_REGISTRY, spec, children)
+        except Exception as e:  # a registered node's constructor refused
+            raise PayloadError(f"cannot rebuild node {_type_name(spec[0])}: "
+                               f"{e}", dpath) from None
 
 
 def _read_keys(t, n, path, *, need_sorted):
@@ -388,14 +401,18 @@ def _read_keys(t, n, path, *, need_sorted):
     return keys
 
 
-def _node_with_data(kind, t, children, path):
-    n = len(children)
+def _type_name(t) -> str:
+    return repr(getattr(t, "__qualname__", t))
+
+
+def _node_spec(kind, t, n, path):
+    """(node type, node data) of a node with ``n`` children whose data
+    is table ``t``."""
     if kind == NodeKind.dict:
-        return _make(_REGISTRY, (dict, _read_keys(t, n, path, need_sorted=True)),
-                     children)
+        return dict, _read_keys(t, n, path, need_sorted=True)
     if kind == NodeKind.ordered_dict:
         keys = _read_keys(t, n, path, need_sorted=False)
-        return _make(_REGISTRY, (collections.OrderedDict, tuple(keys)), children)
+        return collections.OrderedDict, tuple(keys)
     if kind == NodeKind.default_dict:
         keys = _read_keys(t, n, path, need_sorted=True)
         fname = t.string(LD.name, path, "name") or ""
@@ -407,8 +424,7 @@ def _node_with_data(kind, t, children, path):
                     f"defaultdict default_factory {fname[:200]!r} is not "
                     "registered here (jaxcolo.register_default_factory)",
                     f"{path}.name")
-        return _make(_REGISTRY, (collections.defaultdict, (factory, tuple(keys))),
-                     children)
+        return collections.defaultdict, (factory, tuple(keys))
     name = t.string(LD.name, path, "name")
     if not name:
         raise PayloadError("node type name missing", f"{path}.name")
@@ -419,7 +435,7 @@ def _node_with_data(kind, t, children, path):
             raise PayloadError(
                 f"namedtuple {name!r} has fields {nt._fields}, the payload "
                 f"has {fields} with {n} children", f"{path}.fields")
-        return _make(_REGISTRY, (nt, None), children)
+        return nt, None
     # custom
     reg = jexport.deserialization_registry.get(name)
     if reg is None:
@@ -433,11 +449,7 @@ def _node_with_data(kind, t, children, path):
     except Exception as e:
         raise PayloadError(f"auxdata of {name!r} could not be decoded: {e!r}",
                            f"{path}.auxdata") from None
-    try:
-        return _make(_REGISTRY, (nodetype, aux), children)
-    except Exception as e:
-        raise PayloadError(f"cannot rebuild node {name!r}: {e}",
-                           path) from None
+    return nodetype, aux
 
 
 def _lookup_namedtuple(name, path):
