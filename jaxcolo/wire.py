@@ -105,7 +105,7 @@ class Buffer:
     """
 
     __slots__ = ("data", "size", "visits_left", "parse_left", "reads_left",
-                 "strs")
+                 "strs", "memo")
 
     def __init__(self, data: bytes):
         self.data = data
@@ -120,6 +120,7 @@ class Buffer:
         # reads each of the (at most size) elements once or twice.
         self.reads_left = 8 * self.size + 65536
         self.strs: dict = {}  # string position -> decoded str
+        self.memo: dict = {}  # decoders' results by table position
 
     def charge_parse(self, n: int, path: str) -> None:
         """Account for parsing ``n`` characters of text from this buffer."""

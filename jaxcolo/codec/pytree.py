@@ -326,10 +326,10 @@ class _DecodeState:
         self.data_pos = data_pos
         self.path = path
         self.k = self.a = self.d = 0
-        # (node data position, kind, children) -> node spec: the writer
-        # stores equal node data once, so a tree of many alike nodes reads
-        # (and is charged for) each shared table once.
-        self.specs: dict = {}
+        # (node data position, kind, children) -> node spec, for the whole
+        # buffer: the writer stores equal node data once, so trees of many
+        # alike nodes read (and are charged for) each shared table once.
+        self.specs: dict = buf.memo.setdefault("pytree_nodes", {})
 
     def node(self, depth):
         if depth > MAX_DEPTH:
