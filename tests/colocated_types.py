@@ -44,3 +44,13 @@ class Sneaky(Exception):
 
 def raise_sneaky(x):
     raise Sneaky("from the host")
+
+
+def raise_with_odd_notes(x):
+    e = ValueError("boom")
+    e.__notes__ = ("not", "a list")
+    raise e
+
+
+def raise_system_exit(x):
+    raise SystemExit(3)

@@ -411,6 +411,24 @@ def test_a_remote_exception_names_nothing_but_exception_classes(one_host):
     assert _ok(one_host) == 42
 
 
+@pytest.mark.parametrize("fn", ["raise_with_odd_notes", "raise_system_exit"])
+def test_remote_errors_that_cannot_be_re_raised_as_such(one_host, fn):
+    """An exception whose notes cannot take the remote traceback used to
+    kill the link's reader (the host was restarted and the call hung); a
+    SystemExit would have ended the caller.  Both are ExecutorErrors."""
+    from tests import colocated_types as ct
+
+    pid = one_host.worker_pids()[0]
+    f = jaxcolo.colocated_python(getattr(ct, fn)).specialize(
+        out_specs_fn=_identity)
+    with jaxcolo.use_executor(one_host):
+        with pytest.raises(jaxcolo.ExecutorError, match=r"builtins\.("
+                           r"ValueError: boom|SystemExit: 3)") as info:
+            f(put(1, cpu_devices()[0]))
+    assert "Remote traceback" in "\n".join(info.value.__notes__)
+    assert _ok(one_host) == 42 and one_host.worker_pids() == [pid]
+
+
 def test_function_error_keeps_type_and_remote_traceback(one_host):
     class Boom(KeyError):
         pass

@@ -26,11 +26,18 @@ _CALLER = r"""
 import _thread, json, random, signal, sys, threading, time
 import jax, numpy as np, jaxcolo
 
+class Stop(Exception):  # what a "graceful stop" handler raises
+    pass
+
+ERROR = {"kbi": KeyboardInterrupt, "stop": Stop}[sys.argv[2]]
+
 class Armed:  # raises only around calls: the bookkeeping is never hit
     armed = False
+    no_frame = 0
     def __call__(self, signum, frame):
+        self.no_frame += frame is None
         if self.armed:
-            raise KeyboardInterrupt
+            raise ERROR
 
 poke = Armed()
 before = signal.signal(signal.SIGINT, poke)
@@ -60,7 +67,7 @@ with jaxcolo.ProcessExecutor(num_hosts=1, shm=False) as ex, \
             poke.armed = True
             out = f(x)
             poke.armed = False
-        except KeyboardInterrupt:
+        except ERROR:
             poke.armed = False
             interrupted += 1
             continue
@@ -76,12 +83,16 @@ print(json.dumps(dict(completed=completed, interrupted=interrupted,
                       wrong=wrong, last=last, lost=st["lost"],
                       restarts=st["restarts"], refused=st["refused"],
                       refused_by_hosts=st["refused_by_hosts"],
+                      no_frame=poke.no_frame,
                       handler_back=signal.getsignal(signal.SIGINT) is poke)))
 """
 
 
-def test_ctrl_c_in_the_main_thread_loses_no_host():
-    out = subprocess.run([sys.executable, "-c", _CALLER, "8"],
+@pytest.mark.parametrize("error", ["kbi", "stop"])
+def test_ctrl_c_in_the_main_thread_loses_no_host(error):
+    """Also with a handler raising an Exception of its own (it used to be
+    taken for the reader failing), which gets the signal's frame."""
+    out = subprocess.run([sys.executable, "-c", _CALLER, "8", error],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -89,7 +100,7 @@ def test_ctrl_c_in_the_main_thread_loses_no_host():
     assert r["completed"] >= 20 and r["wrong"] == 0 and r["last"] == 7, r
     assert r["lost"] == 0 and r["restarts"] == 0, r
     assert r["refused"] == 0 and r["refused_by_hosts"] == 0, r
-    assert r["handler_back"], r  # put back at close
+    assert r["handler_back"] and r["no_frame"] == 0, r  # put back at close
 
 
 def test_sigint_does_not_stop_a_started_worker():
@@ -123,3 +134,21 @@ def test_other_sigint_handlers_are_kept(handler):
         assert seen == ([] if handler is signal.SIG_IGN else [signal.SIGINT])
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_handler_replaced_while_open_is_not_put_back_later():
+    """Executor A open; a scope installs H, opens and closes B, and puts its
+    saved handler back: closing A must restore the original, not H."""
+    original = signal.getsignal(signal.SIGINT)
+    seen = []
+
+    def scoped(signum, frame):
+        seen.append(signum)
+
+    with jaxcolo.ProcessExecutor(num_hosts=1):
+        saved = signal.signal(signal.SIGINT, scoped)
+        with jaxcolo.ProcessExecutor(num_hosts=1):
+            pass
+        signal.signal(signal.SIGINT, saved)
+    assert signal.getsignal(signal.SIGINT) is original
+    assert seen == []

@@ -396,11 +396,17 @@ class ProcessExecutor(HostSet, Executor):
         exc = None
         if m.error_pickle:  # exception classes known here, nothing else
             exc = remote_errors.loads_exception(m.error_pickle)
+        note = (f"Remote traceback from {link.describe}:\n"
+                f"{m.error_traceback}") if m.error_traceback else None
+        if exc is not None and note is not None:
+            try:
+                exc.add_note(note)
+            except Exception:  # noqa: BLE001 - e.g. __notes__ not a list
+                exc = None
         if exc is None:
             exc = ExecutorError(f"{m.error_type}: {m.error_message}")
-        if m.error_traceback:
-            exc.add_note(f"Remote traceback from {link.describe}:\n"
-                         f"{m.error_traceback}")
+            if note is not None:
+                exc.add_note(note)
         return exc
 
     def _check_instance(self, plan) -> None:
@@ -447,8 +453,7 @@ class ProcessExecutor(HostSet, Executor):
             w.stop()
         if self._socket_dir is not None:
             self._remove_socket_dir()
-        if getattr(self, "_sigint", False):
-            self._sigint = False
-            interrupts.uninstall()
+        token, self._sigint = getattr(self, "_sigint", None), None
+        interrupts.uninstall(token)
         self._ready.set()
 

@@ -209,23 +209,32 @@ class HostLink:
 
     def _read_until(self, done) -> None:
         """Holding the reading role: handle messages until ``done()`` or
-        the link is lost (which is then reported)."""
-        reason = None
+        the link is lost (which is then reported).  What a SIGINT handler
+        raises (in a wait, or where a message's critical section ends)
+        reaches the caller, and is never taken for the link failing."""
+        with executor_thread():
+            while not self._lost and not done():
+                if not self.channel.readable(READ_POLL, ch.SPIN):
+                    continue
+                with CRITICAL:  # a reply is never half-taken
+                    reason = self._take_message()
+                    if reason is not None:
+                        self.lost(reason)
+                        return
+
+    def _take_message(self) -> str | None:
+        """Read and handle one message; why the link is lost if that
+        failed."""
         try:
-            with executor_thread():
-                while not self._lost and not done():
-                    if self.channel.readable(READ_POLL, ch.SPIN):
-                        with CRITICAL:  # a reply is never half-taken
-                            self._handle(self.channel.recv())
+            self._handle(self.channel.recv())
         except ExecutorError as e:
-            reason = str(e)
+            return str(e)
         except PayloadError as e:
-            reason = f"malformed message from the worker: {e}"
+            return f"malformed message from the worker: {e}"
         except Exception as e:  # noqa: BLE001 - report, never hang callers
             log.exception("%s: reader failed", self.describe)
-            reason = f"reader failed: {e!r}"
-        if reason is not None:
-            self.lost(reason)
+            return f"reader failed: {e!r}"
+        return None
 
     def release_unused(self, m) -> None:
         """Return the worker's shared-memory leases of a reply whose buffers

@@ -21,20 +21,30 @@ from __future__ import annotations
 import io
 import pickle
 import sys
+import types
 
 _THIS = __name__
 
 
+def _is_exception_class(obj) -> bool:
+    # Exception, not BaseException: a worker never makes its caller raise
+    # SystemExit, KeyboardInterrupt or GeneratorExit.
+    return isinstance(obj, type) and issubclass(obj, Exception)
+
+
 def exception_class(module: str, qualname: str) -> type:
-    """The exception class ``module.qualname`` of an imported module."""
-    mod = sys.modules.get(module)
-    obj = mod
+    """The exception class ``module.qualname`` of an imported module
+    (looked up in namespaces only: no module __getattr__, no property)."""
+    obj = sys.modules.get(module)
     for part in qualname.split("."):
         if obj is None or part.startswith("<"):
             obj = None
             break
-        obj = getattr(obj, part, None)
-    if not (isinstance(obj, type) and issubclass(obj, BaseException)):
+        if not isinstance(obj, (types.ModuleType, type)):
+            obj = None  # only modules and classes are walked through
+            break
+        obj = vars(obj).get(part)
+    if not _is_exception_class(obj):
         raise pickle.UnpicklingError(
             f"{module}.{qualname} is not an exception class here")
     return obj
@@ -55,7 +65,7 @@ def tracked_exception_class(tracker_id: str) -> type:
     """The exception class cloudpickle tracks under ``tracker_id``."""
     tables = _tracked_classes()
     cls = None if tables is None else tables[1].get(tracker_id)
-    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+    if not _is_exception_class(cls):
         raise pickle.UnpicklingError(f"no exception class tracked as "
                                      f"{tracker_id!r} here")
     return cls
@@ -109,4 +119,4 @@ def loads_exception(data: bytes) -> BaseException | None:
         exc = _ExceptionUnpickler(io.BytesIO(data)).load()
     except Exception:  # noqa: BLE001 - any refusal: type name and text
         return None
-    return exc if isinstance(exc, BaseException) else None
+    return exc if isinstance(exc, Exception) else None

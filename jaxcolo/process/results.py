@@ -24,7 +24,7 @@ from jax._src import tree_util as jtu
 
 from jaxcolo.codec import spec_tree
 from jaxcolo.colocated import specs as specs_mod
-from jaxcolo.errors import PayloadError
+from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays
 from jaxcolo_fb import MessageKind
 
@@ -177,7 +177,13 @@ class Call:
         """Take host ``h``'s reply; False if it is dropped unused (the call
         already failed)."""
         if m.kind == MessageKind.error:
-            self.fail(self._make_error(link, m))
+            try:
+                error = self._make_error(link, m)
+            except Exception as e:  # noqa: BLE001 - never lose the call
+                error = ExecutorError(f"{m.error_type}: {m.error_message} "
+                                      f"(the error could not be rebuilt: "
+                                      f"{e!r})")
+            self.fail(error)
             return True
         with self._lock:
             if self.future.done():

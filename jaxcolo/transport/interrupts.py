@@ -15,7 +15,8 @@ calls that handler at once, so waiting for a long call stays interruptible.
 Sections cost two counter updates; other threads never get a
 KeyboardInterrupt and skip them.  ``install`` only works from the main
 thread while a Python-level SIGINT handler is installed (the default one or
-the user's); otherwise nothing is deferred.
+the user's); otherwise nothing is deferred.  The handler ours replaced
+gets the frame the signal arrived in, also when delivered late.
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ _MAIN = threading.main_thread().ident
 
 class _State:
     depth = 0          # nesting of the main thread's critical sections
-    pending = False    # a SIGINT arrived inside one
-    previous = None    # the handler ours replaced
-    installs = 0       # open executors that asked for it
+    pending = None     # (frame,) of a SIGINT that arrived inside a section
+    previous = None    # the handler ours delegates to
 
 
 _state = _State()
@@ -46,7 +46,7 @@ def _deliver(signum: int, frame) -> None:
 
 def _handler(signum: int, frame) -> None:
     if _state.depth:
-        _state.pending = True
+        _state.pending = (frame,)
         return
     _deliver(signum, frame)
 
@@ -63,41 +63,41 @@ class _Critical:
     def __exit__(self, *exc):
         if _thread.get_ident() == _MAIN:
             _state.depth -= 1
-            if not _state.depth and _state.pending:
-                _state.pending = False
-                _deliver(signal.SIGINT, None)
+            if not _state.depth and _state.pending is not None:
+                (frame,), _state.pending = _state.pending, None
+                _deliver(signal.SIGINT, frame)
         return False
 
 
 CRITICAL = _Critical()
 
 
-def install() -> bool:
-    """Route SIGINT through the deferring handler (counted; True when it
-    is in place).  Does nothing outside the main thread or when SIGINT has
-    no Python-level handler (ignored, or the OS default)."""
+def install():
+    """Route SIGINT through the deferring handler; returns a token for
+    ``uninstall`` (None when nothing was done: outside the main thread,
+    when SIGINT has no Python-level handler (ignored, or the OS default),
+    or when ours is installed already)."""
     if _thread.get_ident() != _MAIN:
-        return False
+        return None
     with _lock:
         current = signal.getsignal(signal.SIGINT)
-        if current is not _handler:
-            if not callable(current):
-                return False
-            _state.previous = current
-            signal.signal(signal.SIGINT, _handler)
-        _state.installs += 1
-        return True
+        if current is _handler or not callable(current):
+            return None
+        token = (current, _state.previous)
+        _state.previous = current
+        signal.signal(signal.SIGINT, _handler)
+        return token
 
 
-def uninstall() -> None:
-    """Undo one ``install``; the last one puts the previous handler back
-    (if ours is still the installed one, and from the main thread: else
-    ours stays, delegating every signal at once while no section runs)."""
+def uninstall(token) -> None:
+    """Undo the ``install`` that returned ``token``: put back the handler
+    it replaced, if ours is still the installed one (else the user's
+    replacement stays), from the main thread (else ours stays, delegating
+    every signal at once while no section runs)."""
+    if token is None or _thread.get_ident() != _MAIN:
+        return
+    replaced, outer = token
     with _lock:
-        if _state.installs == 0:
-            return
-        _state.installs -= 1
-        if _state.installs or _thread.get_ident() != _MAIN:
-            return
         if signal.getsignal(signal.SIGINT) is _handler:
-            signal.signal(signal.SIGINT, _state.previous)
+            signal.signal(signal.SIGINT, replaced)
+        _state.previous = outer
