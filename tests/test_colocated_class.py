@@ -170,6 +170,15 @@ def _programs_held(ex) -> list:
                                          "programs_loaded_now")]
 
 
+def _collect_and_call(x):
+    """Collect dropped instances, then make a call: it sends their queued
+    destroys first."""
+    gc.collect()
+    f = jaxcolo.colocated_python(lambda v: v).specialize(
+        out_specs_fn=lambda v: v)
+    assert int(f(x)) == int(x)
+
+
 def test_dropped_instances_leave_no_programs_behind(executor):
     """Every instance has programs of its own (its id is in them): they go
     with the instance, or a long-running executor grows without end."""
@@ -178,19 +187,15 @@ def test_dropped_instances_leave_no_programs_behind(executor):
     warm = Object()
     assert int(warm.echo(x)) == 1
     del warm
-    gc.collect()
-    _ok_call = jaxcolo.colocated_python(lambda v: v).specialize(
-        out_specs_fn=lambda v: v)
-    int(_ok_call(x))  # sends the queued destroy
+    _collect_and_call(x)
     before = _programs_held(executor)
     for _ in range(20):
         obj = Object()
         assert int(obj.echo(x)) == 1
         del obj
         gc.collect()
-    int(_ok_call(x))
+    _collect_and_call(x)
     assert _programs_held(executor) == before
-
 
 
 def test_program_of_a_destroyed_instance_is_refused(executor):
@@ -203,10 +208,7 @@ def test_program_of_a_destroyed_instance_is_refused(executor):
     (sp,) = obj.echo._cache.values()
     ref = sp.program(executor.payload_version)
     del obj, sp
-    gc.collect()
-    _ok_call = jaxcolo.colocated_python(lambda v: v).specialize(
-        out_specs_fn=lambda v: v)
-    int(_ok_call(x))  # sends the queued destroy
+    _collect_and_call(x)
     before = _programs_held(executor)
     for _ in range(3):
         with pytest.raises(jaxcolo.ExecutorError, match="already destroyed"):

@@ -50,8 +50,10 @@ def _qualified(obj) -> str:
     return f"{obj.__module__}:{obj.__qualname__}"
 
 
-def _resolve_imported(name: str):
-    """The object named "module:qualname" if its module is already imported."""
+def resolve_imported(name: str):
+    """The object named "module:qualname" if its module is already imported
+    (looked up in namespaces only: nothing is imported, no module
+    __getattr__ runs)."""
     module_name, _, qualname = name.partition(":")
     obj = sys.modules.get(module_name)
     if obj is None or not qualname:
@@ -143,7 +145,7 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
         reg = jexport.serialization_registry.get(t)
         name = reg[0] if reg is not None else _qualified(t)
         if reg is None and ("<locals>" in name or
-                            _resolve_imported(name) is not t):
+                            resolve_imported(name) is not t):
             raise EncodeError(
                 f"namedtuple {name} is not what that name refers to in its "
                 "module (defined inside a function, or shadowed), so no "
@@ -173,7 +175,7 @@ def register_default_factory(factory) -> None:
     ``module:qualname``.  Built-in containers and scalars are allowed
     already; register other factories in writer and reader alike."""
     name = _qualified(factory) if hasattr(factory, "__qualname__") else None
-    if name is None or _resolve_imported(name) is not factory:
+    if name is None or resolve_imported(name) is not factory:
         raise ValueError(f"default_factory {factory!r} must be a named "
                          "module-level callable")
     _DEFAULT_FACTORIES[name] = factory
@@ -454,7 +456,7 @@ def _node_spec(kind, t, n, path):
 
 def _lookup_namedtuple(name, path):
     reg = jexport.deserialization_registry.get(name)
-    nt = reg[0] if reg is not None else _resolve_imported(name)
+    nt = reg[0] if reg is not None else resolve_imported(name)
     if not _is_namedtuple(nt):
         raise UnregisteredError(
             f"namedtuple type {name!r} is neither registered (jax.export."

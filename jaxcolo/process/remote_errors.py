@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import io
 import pickle
-import sys
-import types
+
+from jaxcolo.codec.pytree import resolve_imported
 
 _THIS = __name__
 
@@ -33,17 +33,8 @@ def _is_exception_class(obj) -> bool:
 
 
 def exception_class(module: str, qualname: str) -> type:
-    """The exception class ``module.qualname`` of an imported module
-    (looked up in namespaces only: no module __getattr__, no property)."""
-    obj = sys.modules.get(module)
-    for part in qualname.split("."):
-        if obj is None or part.startswith("<"):
-            obj = None
-            break
-        if not isinstance(obj, (types.ModuleType, type)):
-            obj = None  # only modules and classes are walked through
-            break
-        obj = vars(obj).get(part)
+    """The exception class ``module.qualname`` of an imported module."""
+    obj = resolve_imported(f"{module}:{qualname}")
     if not _is_exception_class(obj):
         raise pickle.UnpicklingError(
             f"{module}.{qualname} is not an exception class here")
