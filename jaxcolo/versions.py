@@ -13,7 +13,7 @@ import dataclasses
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 MIN_READABLE_VERSION = 1
 
 
@@ -53,6 +53,11 @@ HISTORY: tuple[VersionInfo, ...] = (
         # No schema change: readers before 5 fail on OpShardings with
         # last_tile_dims (subgroup types, e.g. shard_map's manual subgroups).
         "hlo_last_tile_dims",
+    )),
+    VersionInfo(6, 1, (
+        # SymbolicScope.token.  Needed (min reader 6) only by payloads with
+        # two distinct scopes of equal constraints, which older readers merge.
+        "symbolic_scope_identity",
     )),
 )
 

@@ -84,8 +84,9 @@ def _reseal(body: bytes, flags: int) -> bytes:
 
 
 def test_compressed_body_errors():
-    plain = jaxcolo.serialize(corpus.everything(), compress=False)
-    packed = jaxcolo.serialize(corpus.everything())
+    everything = corpus.everything()  # one object: one set of scopes
+    plain = jaxcolo.serialize(everything, compress=False)
+    packed = jaxcolo.serialize(everything)
     assert packed[8 + 1] == envelope.FLAG_ZLIB and len(packed) < len(plain)
     assert plain[9] == 0
     assert jaxcolo.deserialize(plain) == jaxcolo.deserialize(packed)

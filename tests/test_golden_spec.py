@@ -69,4 +69,6 @@ def test_golden_payload_reads_back(version, d, name, meta):
     else:
         assert _symbolic_text(got) == _symbolic_text(
             module.symbolic_objects()[stem])
+        if hasattr(module, "check_symbolic"):
+            module.check_symbolic(stem, got)
     assert jaxcolo.inspect(data)["writer_version"] == version

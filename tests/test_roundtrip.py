@@ -102,6 +102,87 @@ def test_symbolic_in_fresh_process(tmp_path):
     assert "a >= b + 1" in out[3]
 
 
+def _shapes(*texts, constraints=()):
+    """One fresh SymbolicScope per text (as separate symbolic_shape calls
+    make them)."""
+    return [jax.export.symbolic_shape(t, constraints=constraints)
+            for t in texts]
+
+
+def test_separate_scopes_stay_separate():
+    """Shapes from separate symbolic_shape calls (distinct scopes, equal
+    constraints) come back equal to the originals, each in its own scope;
+    version 5 readers would merge them, so writing version 5 is refused."""
+    (b1, four), (b2, eight) = _shapes("b, 4", "b, 8")
+    tree = [jax.ShapeDtypeStruct((b1, four), np.float32),
+            jax.ShapeDtypeStruct((b2, eight), np.float32),
+            core_shaped((b1, 2))]
+    data = jaxcolo.serialize(tree)
+    out = jaxcolo.deserialize(data)
+    assert out == tree
+    assert out[0].shape[0].scope is b1.scope
+    assert out[1].shape[0].scope is b2.scope
+    assert jaxcolo.inspect(data)["min_reader_version"] == 6
+    with pytest.raises(jaxcolo.EncodeError, match=r"two distinct scopes with "
+                       r"equal constraints.*before version 6.* - at \$\[1\]"):
+        jaxcolo.serialize(tree, version=5)
+    # One scope (or scopes with different constraints) needs no new reader.
+    one = jaxcolo.serialize(tree[::2], version=1)
+    assert roundtrip(tree[::2]) == tree[::2]
+    assert jaxcolo.inspect(one)["min_reader_version"] == 1
+    (c,) = _shapes("c", constraints=("c >= 2",))
+    mixed = [tree[0], jax.ShapeDtypeStruct(c, np.int8)]
+    assert jaxcolo.inspect(jaxcolo.serialize(mixed))["min_reader_version"] == 1
+    assert roundtrip(mixed, version=5) == mixed
+
+
+def core_shaped(shape):
+    return jax.core.ShapedArray(shape, np.float32)
+
+
+def test_scope_identity_across_payloads():
+    """A scope keeps its identity from payload to payload: two payloads of
+    one scope, decoded where the original is gone, share one new scope; a
+    payload of another scope with equal constraints gets another."""
+    import gc
+    (a1, n1), (a2, _) = _shapes("a, n", "a, 1", constraints=("a >= n",))
+    d1 = jaxcolo.serialize(jax.ShapeDtypeStruct((a1, n1), np.float32))
+    d2 = jaxcolo.serialize({"k": core_shaped((a1 + 1,))})
+    d3 = jaxcolo.serialize(jax.ShapeDtypeStruct((a2,), np.float32))
+    del a1, n1, a2
+    gc.collect()
+    x = jaxcolo.deserialize(d1).shape
+    y = jaxcolo.deserialize(d2)["k"].shape[0]
+    z = jaxcolo.deserialize(d3).shape[0]
+    assert y.scope is x[0].scope and y == x[0] + 1
+    assert z.scope is not x[0].scope
+    assert x[0] >= x[1]  # the constraint is live in the new scope
+    # What a reader decoded travels on with its token: re-encoded and read
+    # again, it is the same scope.
+    again = roundtrip([core_shaped(x), core_shaped((y,))])
+    assert again[0].shape[0].scope is x[0].scope and again[1].shape[0] == y
+
+
+def test_scope_token_with_other_constraints_is_a_new_scope():
+    """A payload that reuses a live scope's token with other constraints
+    does not get that scope (tokens name scopes, constraints decide)."""
+    from jaxcolo.codec import aval
+    (a, b), = _shapes("a, b", constraints=("a >= b",))
+    (c,), = _shapes("c")
+    data = bytearray(jaxcolo.serialize(jax.ShapeDtypeStruct((c,), np.int8),
+                                       compress=False))
+    # Put a's token where c's is (same width), then fix the checksum.
+    tok_c = aval._scope_token(c.scope).to_bytes(8, "little")
+    tok_a = aval._scope_token(a.scope).to_bytes(8, "little")
+    assert data.count(tok_c) == 1
+    data[data.index(tok_c):data.index(tok_c) + 8] = tok_a
+    import zlib
+    data[12:16] = zlib.crc32(bytes(data[16:])).to_bytes(4, "little")
+    (out,) = jaxcolo.deserialize(bytes(data)).shape
+    assert out.scope is not a.scope and out.scope is not c.scope
+    assert str(out) == "c"
+
+
 def test_everything_at_once_and_identity_sharing():
     obj = corpus.everything()
     out = roundtrip(obj)

@@ -530,7 +530,10 @@ def PyTreeDefEnd(builder):
 
 
 
-# Constraints of a jax.export SymbolicScope, as JAX spells them.
+# A jax.export SymbolicScope: its constraints, as JAX spells them, and
+# (since version 6) a token naming the scope object, so that two scopes
+# with equal constraints stay two scopes and a scope keeps its identity
+# across payloads (a reader maps equal tokens to one live scope).
 class SymbolicScope(object):
     __slots__ = ['_tab']
 
@@ -569,14 +572,24 @@ class SymbolicScope(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
         return o == 0
 
+    # SymbolicScope
+    def Token(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint64Flags, o + self._tab.Pos)
+        return 0
+
 def SymbolicScopeStart(builder):
-    builder.StartObject(1)
+    builder.StartObject(2)
 
 def SymbolicScopeAddConstraints(builder, constraints):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(constraints), 0)
 
 def SymbolicScopeStartConstraintsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
+
+def SymbolicScopeAddToken(builder, token):
+    builder.PrependUint64Slot(1, token, 0)
 
 def SymbolicScopeEnd(builder):
     return builder.EndObject()

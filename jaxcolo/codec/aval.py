@@ -8,19 +8,25 @@ cost a fixed handful of vectors to write and to read.
 
 Symbolic dimensions (jax.export shape polymorphism) are written as JAX spells
 them and parsed back with JAX's own shape_poly parser in a SymbolicScope
-rebuilt from the stored constraints.  A payload names a scope only by its
-constraints, so decoding uses the live scope most recently encoded (or
-decoded) with those constraints in this process, else a new one.  A round
-trip in one process thus gives dims equal to the originals (JAX compares
-dims by scope identity) as long as no other scope with the same constraints
-was encoded in between: two scopes with equal constraints write identical
-bytes, and the later one wins.
+rebuilt from the stored constraints.  JAX compares dims by scope identity, so
+each distinct scope object is its own entry with a token (version 6): random
+per scope in the writing process, and kept by a scope a reader made, so a
+scope that travels out and back is the same object again.  A reader maps a
+token to the live scope it names (made by this process's writer or an earlier
+decode), else to a new scope.  Thus a round trip gives dims equal to the
+originals, two scopes with equal constraints stay apart, and payloads
+decoded one after another agree on their scopes.  Readers before version 6
+(and payloads written for them) know a scope only by its constraints: they
+use the live scope most recently encoded or decoded with those constraints,
+and a payload with two distinct scopes of equal constraints needs version 6.
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
+import os
+import threading
 import weakref
 
 import jax
@@ -37,6 +43,7 @@ from jaxcolo.codec.layout import build_layout, decode_layout, layout_item
 from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.codec.sharding import intern_sharding
 from jaxcolo.codec.symbolic import check_writable_text, make_scope, parse_shape
+from jaxcolo import versions
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector
 from jaxcolo.wire import layout
@@ -61,40 +68,87 @@ MAX_RANK = 255
 # ----------------------------------------------------------------- scopes
 
 _SCOPES: "weakref.WeakValueDictionary[tuple, shape_poly.SymbolicScope]" = \
+    weakref.WeakValueDictionary()  # constraints -> latest scope (no token)
+_BY_TOKEN: "weakref.WeakValueDictionary[int, shape_poly.SymbolicScope]" = \
     weakref.WeakValueDictionary()
+_TOKENS: "weakref.WeakKeyDictionary[shape_poly.SymbolicScope, int]" = \
+    weakref.WeakKeyDictionary()
+_TOKEN_LOCK = threading.Lock()
+_IDENTITY = "symbolic_scope_identity"
 
 
 def scope_constraints(scope) -> tuple:
     return tuple(c.debug_str for c in scope._explicit_constraints)
 
 
-def _register_scope(scope) -> tuple:
+def _scope_token(scope) -> int:
+    """The token of ``scope``: a random non-zero u64, made on first use."""
+    token = _TOKENS.get(scope)
+    if token is None:
+        with _TOKEN_LOCK:
+            token = _TOKENS.get(scope)
+            if token is None:
+                token = int.from_bytes(os.urandom(8), "little") or 1
+                _TOKENS[scope] = token
+                _BY_TOKEN[token] = scope
+    return token
+
+
+def _scope_entry(writer, scope, path) -> int:
+    """1 + the index of ``scope``'s entry in the payload's scopes table."""
+    hit = writer.memo.get(("scope", id(scope)))
+    if hit is not None:
+        return hit
     key = scope_constraints(scope)
-    if _SCOPES.get(key) is not scope:
-        _SCOPES[key] = scope  # the latest encoded scope wins
-    return key
+    for c in key:
+        check_writable_text(c, path + ".scope")
+    _SCOPES[key] = scope  # the latest encoded scope wins (for old readers)
+    seen = writer.memo.setdefault("scope constraints", set())
+    if key in seen:  # another scope with equal constraints is in this payload
+        if writer.version < versions.FEATURE_SINCE[_IDENTITY]:
+            raise EncodeError(
+                "symbolic dims from two distinct scopes with equal "
+                f"constraints {list(key)}: readers before version "
+                f"{versions.FEATURE_SINCE[_IDENTITY]} cannot tell them apart "
+                "(make the shapes in one SymbolicScope, or write a newer "
+                "version)", path)
+        writer.require(_IDENTITY, path)
+    seen.add(key)
+    ref = 1 + writer.intern("scopes", ("scope", id(scope)),
+                            (key, _scope_token(scope), scope))
+    writer.memo[("scope", id(scope))] = ref
+    return ref
 
 
-def scope_for(constraints: tuple, path: str, buf=None):
-    """The live scope with these constraints, or a new one (its parsing
-    charged to ``buf``, the wire.Buffer they were read from)."""
-    scope = _SCOPES.get(constraints)
-    if scope is None:
-        scope = make_scope(constraints, buf, path)
-        _SCOPES[constraints] = scope
-    return scope
-
-
-def build_scope(writer, builder, constraints) -> int:
+def build_scope(writer, builder, item) -> int:
+    constraints, token, _ = item
     off = _string_vector(builder, constraints)
     fb.SymbolicScopeStart(builder)
     fb.SymbolicScopeAddConstraints(builder, off)
+    if writer.version >= versions.FEATURE_SINCE[_IDENTITY]:
+        fb.SymbolicScopeAddToken(builder, token)
     return fb.SymbolicScopeEnd(builder)
 
 
 def decode_scope(reader, t, path):
-    return scope_for(tuple(t.strings(LC.constraints, path, "constraints")),
-                     f"{path}.constraints", t.buf)
+    constraints = tuple(t.strings(LC.constraints, path, "constraints"))
+    token = t.scalar(LC.token, "u64", 0, path, "token")
+    if token:
+        scope = _BY_TOKEN.get(token)
+        if scope is not None and scope_constraints(scope) == constraints:
+            return scope
+    else:
+        scope = _SCOPES.get(constraints)
+        if scope is not None:
+            return scope
+    scope = make_scope(constraints, t.buf, f"{path}.constraints")
+    _SCOPES[constraints] = scope
+    if token:
+        with _TOKEN_LOCK:
+            if token not in _BY_TOKEN:  # else: a token reused with other
+                _BY_TOKEN[token] = scope  # constraints keeps its scope
+                _TOKENS[scope] = token
+    return scope
 
 
 # ------------------------------------------------------ manual axis types
@@ -151,10 +205,7 @@ def _shape_item(writer, shape, path):
             text = str(d)
             check_writable_text(text, path)
             sym.append(text)
-            key = _register_scope(d.scope)
-            for c in key:
-                check_writable_text(c, path + ".scope")
-            ref = 1 + writer.intern("scopes", key, key)
+            ref = _scope_entry(writer, d.scope, path)
             if scope_ref and ref != scope_ref:
                 raise EncodeError("symbolic dims from different scopes in one "
                                   "shape", path)
