@@ -23,6 +23,7 @@ from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
 
 import jaxcolo
+from jaxcolo.codec import symbolic
 import jaxcolo.export as je
 from jaxcolo import envelope
 from jaxcolo.checking import check_readable
@@ -154,12 +155,62 @@ def test_symbolic_exponents_are_bounded(monkeypatch):
     assert jaxcolo.deserialize(jaxcolo.serialize(dense, compress=False)) == \
         dense
     with pytest.raises(jaxcolo.EncodeError, match=r"'a\^17' has an exponent "
-                       r"above 16 - at \$"):
+                       r"'17' above 16 - at \$"):
         jaxcolo.serialize(jax.ShapeDtypeStruct((a ** 17,), np.float32))
     data = _with_symbolic_text(monkeypatch, "a^100000000")  # 10**8 products
-    with pytest.raises(jaxcolo.PayloadError, match=r"exponent above 16 - at "
+    with pytest.raises(jaxcolo.PayloadError, match=r"above 16 - at "
                        r"\$\.arrays\.extras\[0\]\.symbolic_dims"):
         jaxcolo.deserialize(data)
+
+
+@pytest.mark.parametrize("text,reason", [
+    # JAX's tokenizer reads 1_000 as 1000 and follows line continuations.
+    ("a^1_000_000", r"exponent '1_000_000' above 16"),
+    ("a^1_7", r"exponent '1_7' above 16"),
+    ("a^\\\n3000000", r"line break, backslash"),
+    ("a^0x11", r"exponent '0x11' above 16"),
+    # max/min nested 12 deep: ~2.5x per level (hours); 5 is past the limit.
+    ("max(" * 12 + "a0" + "".join(f", a{i})" for i in range(1, 13)),
+     r"nests more than 4 max/min"),
+    ("max(max(max(max(max(a, b), c), d), e), f)", r"nests more than 4"),
+    # A product of 40 factors in a max: ~2x per factor (never finishes).
+    ("max(" + "*".join(f"a{i}" for i in range(40)) + ", 1)",
+     r"more than 8 factors in a max/min"),
+    # Nested max/min of long sums cost their length squared.
+    ("max(max(" + " + ".join(f"a{i}" for i in range(40)) + ", b), c)",
+     r"nested max/min in more than 128 characters"),
+])
+def test_costly_symbolic_text_is_refused_fast(monkeypatch, text, reason):
+    """Text whose parse time JAX makes exponential (or unbounded) is refused
+    before parsing, on both sides, by what the tokenizer JAX's parser uses
+    sees."""
+    import time
+    data = _with_symbolic_text(monkeypatch, text)
+    t0 = time.perf_counter()
+    with pytest.raises(jaxcolo.PayloadError, match=reason + r".* - at \$\."
+                       r"arrays\.extras\[0\]\.symbolic_dims"):
+        jaxcolo.deserialize(data)
+    assert time.perf_counter() - t0 < 1.0
+    with pytest.raises(jaxcolo.EncodeError, match=reason):
+        symbolic.check_writable_text(text, "$")
+
+
+def test_costly_symbolic_text_within_limits_round_trips():
+    """What the limits allow (4 nested max/min, 8 factors) is written and
+    read back, and a payload of many distinct costly expressions is refused
+    by the writer exactly when a reader would refuse it."""
+    scope = export.SymbolicScope()
+    (d,) = export.symbolic_shape(
+        "max(max(max(max(a, b), c*d*e*f*g*h*k*m), n), p)", scope=scope)
+    x = jax.ShapeDtypeStruct((d, 2), np.float32)
+    assert jaxcolo.deserialize(jaxcolo.serialize(x)) == x
+    many = [jax.ShapeDtypeStruct(export.symbolic_shape(
+        f"max(max(max(max(a{i}, b + c + d + e + f), g), h), k)",
+        scope=scope), np.float32) for i in range(60)]
+    with pytest.raises(jaxcolo.EncodeError, match=r"more than a reader "
+                       r"allows a [0-9]+-byte payload"):
+        jaxcolo.serialize(many)
+    assert jaxcolo.deserialize(jaxcolo.serialize(many[:8])) == many[:8]
 
 
 @pytest.mark.parametrize("text", ["-5", "5", "-9223372036854775809"])

@@ -100,8 +100,8 @@ def _scope_entry(writer, scope, path) -> int:
     if hit is not None:
         return hit
     key = scope_constraints(scope)
-    for c in key:
-        check_writable_text(c, path + ".scope")
+    writer.parsed[("scope", id(scope))] = sum(
+        check_writable_text(c, path + ".scope") for c in key)
     _SCOPES[key] = scope  # the latest encoded scope wins (for old readers)
     seen = writer.memo.setdefault("scope constraints", set())
     if key in seen:  # another scope with equal constraints is in this payload
@@ -203,9 +203,10 @@ def _shape_item(writer, shape, path):
         elif isinstance(d, _DimExpr):
             dims.append(SYMBOLIC)
             text = str(d)
-            check_writable_text(text, path)
             sym.append(text)
             ref = _scope_entry(writer, d.scope, path)
+            if (text, ref) not in writer.parsed:  # a reader parses it once
+                writer.parsed[(text, ref)] = check_writable_text(text, path)
             if scope_ref and ref != scope_ref:
                 raise EncodeError("symbolic dims from different scopes in one "
                                   "shape", path)

@@ -108,6 +108,9 @@ class Writer:
         # Per-payload memo for codecs' fast paths (e.g. id(obj) -> (obj, i)).
         self.memo: dict = {}
         self.dtype_refs: dict = {}  # dtype -> index in the dtypes table
+        # Parse units a reader will charge for symbolic text, per distinct
+        # text (see codec.symbolic.parse_budget).
+        self.parsed: dict = {}
 
     def require(self, feature: str, path: str = "$") -> None:
         if feature in self.required:

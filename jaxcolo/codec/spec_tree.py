@@ -18,6 +18,7 @@ from jaxcolo import envelope, versions
 from jaxcolo.codec import core, memo
 from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
 from jaxcolo.codec.mesh import make_resolver
+from jaxcolo.codec.symbolic import parse_budget
 from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
     decode_treedef, flatten_treedef, treedef_key, _string_vector
 from jaxcolo.errors import EncodeError, PayloadError
@@ -157,6 +158,17 @@ def build_tables(writer: core.Writer, builder) -> dict:
     return offsets
 
 
+def _check_parse_budget(writer, size: int) -> None:
+    """EncodeError when a reader would refuse the payload's symbolic text as
+    out of proportion to its size (many distinct costly expressions)."""
+    cost = sum(writer.parsed.values())
+    if cost > parse_budget(size):
+        raise EncodeError(
+            f"the symbolic dimensions cost {cost} parse units, more than a "
+            f"reader allows a {size}-byte payload ({parse_budget(size)}): "
+            "use fewer distinct nested max/min expressions", "$")
+
+
 def encode_spec_tree(obj, version: int | None = None,
                      compress: bool = True) -> bytes:
     version = versions.check_writable(version)
@@ -180,7 +192,10 @@ def encode_spec_tree(obj, version: int | None = None,
     for name, off in offsets.items():
         _ADDERS[name](builder, off)
     builder.Finish(fb.SpecTreeEnd(builder))
-    data = envelope.seal(builder.Output(), RootKind.spec_tree, version,
+    body = builder.Output()
+    if writer.parsed:
+        _check_parse_budget(writer, len(body))
+    data = envelope.seal(body, RootKind.spec_tree, version,
                          writer.min_reader, compress)
     memo.remember_encoded(key, leaves, data)
     return data

@@ -119,6 +119,8 @@ class AvalReader:
                 break
         if not symbolic:
             return tuple(shape)
+        # Charged before the join: dims may all be one long shared string.
+        self.buf.charge_parse(sum(map(len, dims)) + len(dims), f"{path}.shape")
         text = ",".join(dims)
         if self.scope is None:
             self.scope = shape_poly.SymbolicScope(())
