@@ -22,7 +22,9 @@ def _read(path: str) -> bytes | None:
     cannot be read.  Devices, FIFOs and the like are refused: reading them
     may never end (``/dev/zero``)."""
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: opening a FIFO for reading would wait for a writer.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 print(f"{_printable(path)}: not a regular file",
                       file=sys.stderr)

@@ -283,3 +283,50 @@ def test_bundle_damage_is_detected(poly_exp):
     data[len(data) // 2] ^= 0x40  # inside the StableHLO blob
     with pytest.raises(jaxcolo.PayloadError, match="checksum"):
         jaxcolo.deserialize(bytes(data))
+
+
+def test_export_without_avals_is_detected():
+    """A function with no inputs and no outputs has no aval to tell memory
+    spaces by: detection, inspect, check and bundle still work."""
+    exp = jax.export.export(jax.jit(lambda: None))()
+    data = exp.serialize()
+    assert je.serialization_version(data) == 10  # like any 0.10.2 payload
+    assert jaxcolo.inspect(data)["serialization_version"] == 10
+    assert jaxcolo.deserialize(je.bundle(exp))[0].fun_name == "<lambda>"
+
+
+def test_v5_payload_with_more_devices_than_a_short(poly_exp):
+    """jaxcolo's version-5 writer leaves nr_devices_short out when the count
+    does not fit in it; detection still says version 5."""
+    import dataclasses
+    exp = dataclasses.replace(poly_exp, nr_devices=40000)
+    data = je.serialize(exp, version=5)
+    assert je.serialization_version(data) == 5
+    assert je.deserialize(data).nr_devices == 40000
+
+
+@pytest.mark.parametrize("legacy", ["ExportedAddOutAvals",
+                                    "ExportedAddInShardings",
+                                    "ExportedAddOutShardings"])
+def test_missing_legacy_vectors_need_a_version_10_reader(monkeypatch, legacy):
+    """Without one of the per-entry vectors (JAX plans to stop writing them),
+    readers before version 10, which have no *_idxs fields, cannot read it."""
+    from jaxcolo.checking import check_readable
+    from jaxcolo.export import encode
+    exp = jax.export.export(jax.jit(lambda x: x * 2))(
+        jax.ShapeDtypeStruct((4,), np.float32))
+    monkeypatch.setattr(encode.fb, legacy, lambda builder, off: None)
+    data = bytes(je.serialize(exp))
+    monkeypatch.undo()
+    ok, reason = check_readable(data, 8)
+    assert not ok and "per-entry avals/shardings are absent" in reason
+    assert check_readable(data, 11)[0]
+
+
+def test_cli_refuses_a_fifo_without_waiting(tmp_path, capsys):
+    from jaxcolo.cli import main
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert main(["inspect", str(fifo)]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert main(["check", str(fifo), "--reader-version", "5"]) == 2

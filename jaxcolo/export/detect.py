@@ -33,7 +33,9 @@ class Layout:
     stored: set = dataclasses.field(default_factory=set)
     nr_short: bool = False
     nr_long: bool = False
+    avals: bool = False              # some aval is written
     memory_space: bool = False       # the field is written at all
+    nr_devices: int = 0              # the largest nr_devices written
     host_memory: bool = False        # some aval is not in device memory
     custom_nodes: bool = False
     max_dtype: int = 0
@@ -67,14 +69,18 @@ def _exported(buf, t, path, out, depth):
                             "serialization_version"))
     out.nr_short |= _present(t, L.nr_devices_short)
     out.nr_long |= _present(t, L.nr_devices)
+    out.nr_devices = max(out.nr_devices, t.scalar(
+        L.nr_devices, "u32", 0, path, "nr_devices"))
     if _present(t, L.jax_version):
         out.jax_version = t.string(L.jax_version, path, "jax_version") or ""
     if any(_present(t, getattr(L, f)) for f in (
             "unique_avals", "in_avals_idxs", "unique_named_shardings")):
         out.unique_tables = True
-        if not _present(t, L.in_avals) and t.vector_length(
-                L.in_avals_idxs, 4, path, "in_avals_idxs"):
-            out.legacy_vectors = False
+        for name in ("in_avals", "out_avals", "in_shardings",
+                     "out_shardings"):
+            if not _present(t, getattr(L, name)) and t.vector_length(
+                    getattr(L, name + "_idxs"), 4, path, name + "_idxs"):
+                out.legacy_vectors = False
     for name in ("in_tree", "out_tree"):
         tt = t.table(getattr(L, name), path, name)
         if tt is not None:
@@ -117,6 +123,7 @@ def _tree(buf, t, path, out, depth):
 
 
 def _aval(t, path, out):
+    out.avals = True
     out.max_dtype = max(out.max_dtype, t.scalar(LV.dtype, "u8", 0, path,
                                                 "dtype"))
     if _present(t, LV.memory_space):
@@ -157,10 +164,16 @@ def _consistent(row, lay: Layout) -> bool:
     if lay.max_dtype > row.max_dtype or (lay.custom_nodes and
                                          not row.custom_pytree):
         return False
-    if lay.nr_short != row.nr_devices_short and not row.short_optional:
+    # Writers that write the short leave it out when it cannot hold the
+    # count (jaxcolo's own version-5 writer does, above 32767 devices).
+    short_fits = lay.nr_devices <= 32767
+    if lay.nr_short != (row.nr_devices_short and short_fits) and \
+            not row.short_optional:
         return False
-    if lay.nr_long != row.nr_devices_long or \
-            lay.memory_space != row.memory_space:
+    if lay.nr_long != row.nr_devices_long:
+        return False
+    # Without any aval there is no evidence about memory spaces.
+    if lay.avals and lay.memory_space != row.memory_space:
         return False
     if (lay.hlo_sharded and not row.hlo_shardings) or \
             (lay.named_only and row.hlo_shardings) or \
