@@ -330,3 +330,19 @@ def test_cli_refuses_a_fifo_without_waiting(tmp_path, capsys):
     assert main(["inspect", str(fifo)]) == 2
     assert "not a regular file" in capsys.readouterr().err
     assert main(["check", str(fifo), "--reader-version", "5"]) == 2
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(platforms=(3,)), r"expected a string, got int"),
+    (dict(fun_name="f\udc80"), r"UnicodeEncodeError"),
+    (dict(calling_convention_version=70000), r"number <= 65535"),
+    (dict(nr_devices=2**32), r"number <= 4294967295"),
+])
+def test_fields_of_wrong_type_or_range_are_encode_errors(change, reason):
+    """Never silently written (bytes(3) would be three NULs), never a raw
+    struct/unicode/type error."""
+    import dataclasses
+    exp = jax.export.export(jax.jit(lambda x: x + 1))(
+        jax.ShapeDtypeStruct((4,), np.float32))
+    with pytest.raises(jaxcolo.EncodeError, match=reason):
+        je.serialize(dataclasses.replace(exp, **change))

@@ -114,7 +114,13 @@ class ExportBuilder(FastBuilder):
         return len(buf)
 
     def CreateString(self, s) -> int:
-        b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+        if isinstance(s, str):
+            b = s.encode("utf-8")  # UnicodeEncodeError for surrogates
+        elif isinstance(s, (bytes, bytearray)):
+            b = bytes(s)
+        else:  # bytes(3) would be three NULs
+            raise TypeError(f"expected a string, got {type(s).__name__} "
+                            f"{s!r:.80}")
         buf = self.buf
         ln = len(b)
         pad = (-(len(buf) + ln + 1)) & 3

@@ -20,6 +20,7 @@ stores 3 like 11 and writes this process's ``jax.__version__``.
 from __future__ import annotations
 
 import itertools
+import struct
 
 import jax
 from jax._src.export import _export as jexport
@@ -54,7 +55,13 @@ def serialize(exp, vjp_order: int = 0, version: int | None = None
         raise EncodeError(f"vjp_order must be an int in 0..{MAX_VJP_ORDER}, "
                           f"got {vjp_order!r}")
     builder = ExportBuilder()
-    builder.Finish(_exported(builder, exp, vjp_order, row, "$"))
+    try:
+        builder.Finish(_exported(builder, exp, vjp_order, row, "$"))
+    except (struct.error, OverflowError, UnicodeEncodeError, TypeError) as e:
+        # A field of the wrong type or out of its wire range (a str that is
+        # not one, a count past uint32, unpaired surrogates).
+        raise EncodeError(f"cannot encode {type(exp).__name__}: "
+                          f"{type(e).__name__}: {e}", "$") from None
     return bytearray(builder.Output())
 
 
