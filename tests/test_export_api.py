@@ -346,3 +346,26 @@ def test_fields_of_wrong_type_or_range_are_encode_errors(change, reason):
         jax.ShapeDtypeStruct((4,), np.float32))
     with pytest.raises(jaxcolo.EncodeError, match=reason):
         je.serialize(dataclasses.replace(exp, **change))
+
+
+def test_foreign_opsharding_keeps_shard_groups():
+    """HloShardings in JAX payloads (versions <= 8) keep shard_as/shard_like
+    groups as JAX reads them; a shard group type outside the enum is a
+    PayloadError."""
+    from jax._src.lib import xla_client as xc
+    from jaxcolo.codec import opsharding
+    op = xc.OpSharding()
+    op.type = xc.OpSharding.Type.OTHER
+    op.tile_assignment_dimensions = [2, 4]
+    op.iota_reshape_dims = [8]
+    op.iota_transpose_perm = [0]
+    op.is_shard_group = True
+    op.shard_group_id = 7
+    op.shard_group_type = xc.OpSharding.ShardGroupType.AS
+    raw = op.SerializeToString()
+    got = opsharding.parse_foreign(raw, "$.in_shardings[0]")
+    assert got == xc.HloSharding.from_proto(op) and "shard_as 7" in str(got)
+    with pytest.raises(jaxcolo.PayloadError, match=r"shard group.* - at "
+                       r"\$\.in_shardings\[0\]"):
+        opsharding.parse_foreign(raw + bytes([13 << 3, 9]),
+                                 "$.in_shardings[0]")

@@ -137,7 +137,17 @@ def parse_foreign(blob: bytes, path: str):
     the checked fields only, so ``from_proto`` never sees unchecked input.
     """
     op = _parse_checked(blob, path)
+    clean = _clean(op)
+    if op.is_shard_group:  # kept: JAX reads it (shard_as / shard_like)
+        try:
+            kind = op.shard_group_type
+        except ValueError as e:  # a value outside ShardGroupType
+            raise PayloadError(f"invalid OpSharding shard group: {e}",
+                               path) from None
+        clean.is_shard_group = True
+        clean.shard_group_id = op.shard_group_id
+        clean.shard_group_type = kind
     try:
-        return xc.HloSharding.from_proto(_clean(op))
+        return xc.HloSharding.from_proto(clean)
     except Exception as e:
         raise PayloadError(f"invalid OpSharding: {e}", path) from None
