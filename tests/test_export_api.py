@@ -369,3 +369,38 @@ def test_foreign_opsharding_keeps_shard_groups():
                        r"\$\.in_shardings\[0\]"):
         opsharding.parse_foreign(raw + bytes([13 << 3, 9]),
                                  "$.in_shardings[0]")
+
+
+@pytest.mark.parametrize("device", [("cpu", "tpu"), ("Weird accelerator",
+                                                     "cpu")])
+def test_check_agrees_with_the_writer_on_device_platforms(fresh_sharded_exp,
+                                                          device):
+    """An abstract device whose platform its kind does not give: the writer
+    refuses versions that infer platforms, and check says those readers
+    cannot read the version-11 payload."""
+    import dataclasses
+    from jax._src import mesh as jmesh
+    from jax.sharding import NamedSharding
+    from jaxcolo.checking import check_readable
+    exp, _ = fresh_sharded_exp
+    dev = jmesh.AbstractDevice(device[0], None, device[1])
+
+    def conv(s):
+        if s is None:
+            return None
+        am = s.mesh.abstract_mesh
+        return NamedSharding(jmesh.AbstractMesh(
+            am.axis_sizes, am.axis_names, am.axis_types, abstract_device=dev),
+            s.spec, memory_kind=s.memory_kind)
+    odd = dataclasses.replace(
+        exp, _in_named_shardings=tuple(map(conv, exp._in_named_shardings)),
+        _out_named_shardings=tuple(map(conv, exp._out_named_shardings)))
+    data = bytes(je.serialize(odd))
+    for version in (8, 10):
+        with pytest.raises(jaxcolo.EncodeError, match="needs serialization "
+                           "version >= 11"):
+            je.serialize(odd, version=version)
+        ok, reason = check_readable(data, version)
+        assert not ok and "platform differs" in reason
+    assert check_readable(data, 11)[0]
+    assert check_readable(bytes(je.serialize(exp)), 8)[0]

@@ -19,6 +19,7 @@ import dataclasses
 from jaxcolo.errors import PayloadError
 from jaxcolo.export import versions
 from jaxcolo.export.decode import as_buffer
+from jaxcolo.export.shardings import inferred_platform
 from jaxcolo.export.layouts import AVAL as LV, CHECK as LC, DEVICE as LD, \
     EXPORTED as L, MESH as LM, NAMED as LN, SHARDING as LS, TREE as LT
 from jaxcolo_jax_export_fb import DisabledSafetyCheckKind
@@ -44,6 +45,7 @@ class Layout:
     named: bool = False
     abstract_device: bool = False
     platform: bool = False
+    platform_not_inferable: bool = False  # a platform its kind does not give
     unique_tables: bool = False
     legacy_vectors: bool = True      # per-entry in_avals etc. are written
     jax_version: str | None = None
@@ -152,7 +154,14 @@ def _mesh(t, path, out):
     dt = t.table(LM.abstract_device, path, "abstract_device")
     if dt is not None:
         out.abstract_device = True
-        out.platform |= _present(dt, LD.platform)
+        if _present(dt, LD.platform):
+            out.platform = True
+            kind = dt.string(LD.device_kind, path + ".abstract_device",
+                              "device_kind")
+            stored = dt.string(LD.platform, path + ".abstract_device",
+                               "platform")
+            if kind is None or inferred_platform(kind) != stored:
+                out.platform_not_inferable = True
 
 
 # ----------------------------------------------------------- inference
@@ -232,6 +241,9 @@ def reader_verdict(version: int, lay: Layout,
                        "would treat sharded values as unsharded")
     if not lay.legacy_vectors and not row.unique_tables:
         return False, "per-entry avals/shardings are absent"
+    if lay.platform_not_inferable and not row.device_platform:
+        return False, ("it infers device platforms from device kinds, and "
+                       "an abstract device's platform differs from that")
     notes = []
     if lay.abstract_device and not row.abstract_device:
         notes.append("ignores abstract devices")

@@ -46,7 +46,7 @@ def _tables(builder, offs) -> int:
 
 def encode_abstract_device(builder, dev, row, path) -> int:
     if not row.device_platform:
-        inferred = _inferred_platform(dev.device_kind)
+        inferred = inferred_platform(dev.device_kind)
         if inferred != dev.platform:
             raise EncodeError(
                 f"abstract device platform {dev.platform!r} differs from the "
@@ -64,7 +64,7 @@ def encode_abstract_device(builder, dev, row, path) -> int:
     return fb.AbstractDeviceEnd(builder)
 
 
-def _inferred_platform(device_kind):
+def inferred_platform(device_kind):
     try:
         return jser.get_platform_from_device_kind(device_kind)
     except ValueError:
@@ -78,7 +78,7 @@ def decode_abstract_device(t, path):
     num_cores = t.scalar(LD.num_cores, "u32", None, path, "num_cores")
     platform = t.string(LD.platform, path, "platform")
     if not platform:
-        platform = _inferred_platform(kind)
+        platform = inferred_platform(kind)
         if platform is None:
             raise PayloadError(f"no platform, and none can be inferred from "
                                f"device kind {kind!r}", f"{path}.platform")
