@@ -45,18 +45,24 @@ def conform(old_dir: str, new_file: str) -> subprocess.CompletedProcess:
          new_file], capture_output=True, text=True)
 
 
-def names_and_numbers(schema_dir: str) -> tuple[dict, dict]:
+def names_and_numbers(schema_dir: str, root_file: str = ROOT_FILE
+                      ) -> tuple[dict, dict]:
     """({enum: {name: value}}, {table: {field: slot}}) of the schema whose
     root file is in ``schema_dir``, from flatc's Python output."""
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([flatc(), "--python", "--gen-onefile", "--gen-all",
-                        "-o", tmp, os.path.join(schema_dir, ROOT_FILE)],
+                        "-o", tmp, os.path.join(schema_dir, root_file)],
                        check=True, capture_output=True)
-        path = os.path.join(tmp, ROOT_FILE.replace(".fbs", "_generated.py"))
+        path = os.path.join(tmp, root_file.replace(".fbs", "_generated.py"))
         spec = importlib.util.spec_from_file_location(
             f"_schema_{abs(hash(schema_dir))}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+    return module_names_and_numbers(module)
+
+
+def module_names_and_numbers(module) -> tuple[dict, dict]:
+    """names_and_numbers of a flatc-generated Python module."""
     enums, tables = {}, {}
     for name, obj in vars(module).items():
         if not isinstance(obj, type) or obj.__module__ != module.__name__:
@@ -86,6 +92,23 @@ def compare_names(old_dir: str, current_dir: str) -> list[str]:
                         lambda name: re.search(
                             rf"\b{name}\s*:[^;]*\(\s*deprecated", text, re.I),
                         " (mark it deprecated)")
+    return out
+
+
+def compare_with_jax() -> list[str]:
+    """Problems: schema/jax_export/export.fbs (JAX's Exported wire format,
+    which jaxcolo.export reads and writes) differs from the installed JAX's
+    own generated code in an enum value or a field's name or slot."""
+    from jax._src.export import serialization_generated as jax_fb
+    ours = names_and_numbers(os.path.join(SCHEMA_DIR, "jax_export"),
+                             "export.fbs")
+    theirs = module_names_and_numbers(jax_fb)
+    out = []
+    for (kind, mine, jax_side) in (("enum", ours[0], theirs[0]),
+                                   ("table", ours[1], theirs[1])):
+        for owner, fields in jax_side.items():
+            out += _changes(kind, owner, fields, mine.get(owner),
+                            lambda name, number: f"{name} = {number}")
     return out
 
 
@@ -194,6 +217,12 @@ def main() -> int:
         print(f"SCHEMA_VERSION is {SCHEMA_VERSION} but the newest frozen "
               f"schema is {os.path.basename(versions[-1])}")
         failures += 1
+    jax_problems = compare_with_jax()
+    print("schema/jax_export/export.fbs vs the installed JAX's generated "
+          f"code: {'ok' if not jax_problems else 'DIFFERENT'}")
+    for problem in jax_problems:
+        failures += 1
+        print(f"  {problem}")
     for problem in check_frozen_files():
         print(f"frozen files: {problem}")
         failures += 1
