@@ -54,3 +54,14 @@ def raise_with_odd_notes(x):
 
 def raise_system_exit(x):
     raise SystemExit(3)
+
+
+class BadStr(Exception):
+    """An exception whose __str__ raises."""
+
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
+def raise_bad_str(x):
+    raise BadStr("x")

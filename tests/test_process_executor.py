@@ -429,6 +429,20 @@ def test_remote_errors_that_cannot_be_re_raised_as_such(one_host, fn):
     assert _ok(one_host) == 42 and one_host.worker_pids() == [pid]
 
 
+def test_remote_error_whose_str_fails_still_reaches_the_caller(one_host):
+    """The worker built its error reply with str(e): it raised, no reply
+    went out, and the caller waited forever."""
+    from tests import colocated_types as ct
+
+    f = jaxcolo.colocated_python(ct.raise_bad_str).specialize(
+        out_specs_fn=_identity)
+    with jaxcolo.use_executor(one_host):
+        fut = f.submit(put(1, cpu_devices()[0]))
+        with pytest.raises(ct.BadStr):
+            fut.result(timeout=60)
+    assert _ok(one_host) == 42
+
+
 def test_function_error_keeps_type_and_remote_traceback(one_host):
     class Boom(KeyError):
         pass

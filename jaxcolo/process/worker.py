@@ -79,13 +79,26 @@ def _reason(e: BaseException) -> str:
 def error_message(call_id: int, e: BaseException, where: str) -> messages.Message:
     """An ``error`` message carrying exception ``e``."""
     t = type(e)
-    tb = "".join(traceback.format_exception(e))
-    pickled = remote_errors.dumps_exception(e)  # None: type name and text
+    tb = _safely(lambda: "".join(traceback.format_exception(e)),
+                 "<the traceback could not be formatted>")
+    # None: type name and text
+    pickled = _safely(lambda: remote_errors.dumps_exception(e), None)
     return messages.Message(
         K.error, call_id=call_id,
         error_type=f"{t.__module__}.{t.__qualname__}",
-        error_message=str(e), error_traceback=tb,
-        error_pickle=pickled)
+        error_message=_safely(lambda: str(e),
+                              f"<{t.__qualname__}: str() failed>"),
+        error_traceback=tb, error_pickle=pickled)
+
+
+def _safely(make, fallback):
+    """``make()``, or ``fallback`` if it raises (a user's exception whose
+    __str__ or pickling fails must still get its error reply out)."""
+    try:
+        out = make()
+    except Exception:
+        return fallback
+    return out if isinstance(out, (str, bytes, type(None))) else fallback
 
 
 class Session:
