@@ -113,8 +113,8 @@ class Buffer:
         # A table takes >= 4 bytes, so size/4 tables at most: allow 4 visits
         # each (decoders make one or two passes), plus slack.
         self.visits_left = self.size + 4096
-        # Parse units (~3.5 us each, codec.symbolic): any text a writer
-        # makes costs at most ~11 per byte.
+        # Parse units (~3.5 us each, codec.symbolic; its spec writer refuses
+        # payloads over this budget).
         self.parse_left = 12 * self.size + 65536  # = symbolic.parse_budget
         # Vector elements handed out.  Several tables (or entries of one
         # vector) may point at the same vector: without a budget, re-reading

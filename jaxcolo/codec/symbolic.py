@@ -13,15 +13,18 @@ So the text is tokenized first, with the tokenizer JAX's parser uses (it
 reads ``1_000`` and line continuations exactly as the parser will), and on
 both sides:
 
-* an exponent above :data:`MAX_EXPONENT`, or a ``max``/``min`` with more than
-  :data:`MAX_MINMAX_GROUP` - 1 others nested in it, is refused (EncodeError
-  when writing, PayloadError when reading): nothing is written that cannot be
-  read back cheaply;
+* an exponent above :data:`MAX_EXPONENT`, more than
+  :data:`MAX_MINMAX_GROUP` max/min nested in one another, a product of more
+  than :data:`MAX_MINMAX_FACTORS` factors inside a max/min, nested max/min
+  spanning more than :data:`MAX_NESTED_GROUP_TEXT` characters, or a line
+  break or backslash is refused (EncodeError when writing, PayloadError when
+  reading): nothing is written that cannot be read back cheaply;
 * a reader charges every text it parses (its length, plus each exponent and
-  each nested max/min group, in units of about 3.5 us) to its buffer's parse
-  budget (:meth:`jaxcolo.wire.Buffer.charge_parse`), so the total parse work
-  stays proportional to the payload size even when one string is referenced
-  from many places.
+  each max/min group, in units of about 3.5 us) to its buffer's parse budget
+  (:meth:`jaxcolo.wire.Buffer.charge_parse`, :func:`parse_budget`), so the
+  total parse work stays proportional to the payload size even when one
+  string is referenced from many places; the spec writer adds up the same
+  charges and refuses a payload a reader would refuse.
 """
 
 from __future__ import annotations
