@@ -93,6 +93,12 @@ def _too_many_reads(path, name):
           "payload size (vectors shared by many tables or entries)")
 
 
+def parse_budget(size: int) -> int:
+    """Parse units (~3.5 us each, see codec.symbolic) a reader allows a
+    flatbuffer of ``size`` bytes; the spec writer refuses payloads over it."""
+    return 12 * size + 65536
+
+
 class Buffer:
     """A flatbuffer held as immutable bytes, with its size.
 
@@ -113,9 +119,7 @@ class Buffer:
         # A table takes >= 4 bytes, so size/4 tables at most: allow 4 visits
         # each (decoders make one or two passes), plus slack.
         self.visits_left = self.size + 4096
-        # Parse units (~3.5 us each, codec.symbolic; its spec writer refuses
-        # payloads over this budget).
-        self.parse_left = 12 * self.size + 65536  # = symbolic.parse_budget
+        self.parse_left = parse_budget(self.size)
         # Vector elements handed out.  Several tables (or entries of one
         # vector) may point at the same vector: without a budget, re-reading
         # it once per reference would cost entries x length.  A decoder

@@ -204,3 +204,18 @@ def _manual_subgroup_sharding():
 def everything():
     return {"meshes": meshes(), "shardings": shardings(), "avals": avals(),
             "pytrees": pytrees(), "misc": misc()}
+
+
+def shard_group_opsharding(group_id: int):
+    """A tiled 2x4 OpSharding in a shard_as group (shard groups are outside
+    jaxcolo's own schema; JAX payloads may carry them)."""
+    from jax._src.lib import xla_client as xc
+    op = xc.OpSharding()
+    op.type = xc.OpSharding.Type.OTHER
+    op.tile_assignment_dimensions = [2, 4]
+    op.iota_reshape_dims = [8]
+    op.iota_transpose_perm = [0]
+    op.is_shard_group = True
+    op.shard_group_id = group_id
+    op.shard_group_type = xc.OpSharding.ShardGroupType.AS
+    return op

@@ -23,16 +23,16 @@ from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
 
 import jaxcolo
-from jaxcolo.codec import symbolic
 import jaxcolo.export as je
 from jaxcolo import envelope
 from jaxcolo.checking import check_readable
-from jaxcolo.codec import aval, memo, mesh as mesh_codec, pytree
+from jaxcolo.codec import aval, memo, mesh as mesh_codec, pytree, symbolic
 from jaxcolo.colocated.program import decode_program, encode_program
 from jaxcolo.export.layouts import EXPORTED as LE, TREE as LT
 from jaxcolo.process import messages as M
 from jaxcolo.wire import Buffer
 from jaxcolo_fb import MessageKind, RootKind
+from tests import corpus
 
 
 @pytest.fixture(autouse=True)
@@ -508,14 +508,7 @@ def test_abstract_devices_the_schema_cannot_hold_are_encode_errors():
 
 
 def test_hlo_shard_groups_are_encode_errors_not_dropped():
-    op = xc.OpSharding()
-    op.type = xc.OpSharding.Type.OTHER
-    op.tile_assignment_dimensions = [2, 4]
-    op.iota_reshape_dims = [8]
-    op.iota_transpose_perm = [0]
-    op.is_shard_group = True
-    op.shard_group_id = 3
-    op.shard_group_type = xc.OpSharding.ShardGroupType.AS
+    op = corpus.shard_group_opsharding(3)
     hlo = xc.HloSharding.from_proto(op)
     with pytest.raises(jaxcolo.EncodeError, match="cannot express"):
         jaxcolo.serialize(hlo)

@@ -13,6 +13,7 @@ import jaxcolo.export as je
 from jaxcolo.export import detect
 from jaxcolo.export.layouts import EXPORTED as L
 from jaxcolo.wire import Buffer
+from tests import corpus
 from tests import golden_setup  # noqa: F401  (registers the golden types)
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "jax_export")
@@ -354,14 +355,7 @@ def test_foreign_opsharding_keeps_shard_groups():
     PayloadError."""
     from jax._src.lib import xla_client as xc
     from jaxcolo.codec import opsharding
-    op = xc.OpSharding()
-    op.type = xc.OpSharding.Type.OTHER
-    op.tile_assignment_dimensions = [2, 4]
-    op.iota_reshape_dims = [8]
-    op.iota_transpose_perm = [0]
-    op.is_shard_group = True
-    op.shard_group_id = 7
-    op.shard_group_type = xc.OpSharding.ShardGroupType.AS
+    op = corpus.shard_group_opsharding(7)
     raw = op.SerializeToString()
     got = opsharding.parse_foreign(raw, "$.in_shardings[0]")
     assert got == xc.HloSharding.from_proto(op) and "shard_as 7" in str(got)

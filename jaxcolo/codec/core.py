@@ -109,7 +109,7 @@ class Writer:
         self.memo: dict = {}
         self.dtype_refs: dict = {}  # dtype -> index in the dtypes table
         # Parse units a reader will charge for symbolic text, per distinct
-        # text (see codec.symbolic.parse_budget).
+        # text (see wire.parse_budget).
         self.parsed: dict = {}
 
     def require(self, feature: str, path: str = "$") -> None:

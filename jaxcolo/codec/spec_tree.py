@@ -18,12 +18,11 @@ from jaxcolo import envelope, versions
 from jaxcolo.codec import core, memo
 from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
 from jaxcolo.codec.mesh import make_resolver
-from jaxcolo.codec.symbolic import parse_budget
 from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
     decode_treedef, flatten_treedef, treedef_key, _string_vector
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import FastBuilder, offset_vector
-from jaxcolo.wire import Buffer, layout
+from jaxcolo.wire import Buffer, layout, parse_budget
 
 L = layout(fb, "SpecTree")
 _ADDERS = {name: getattr(fb, "SpecTreeAdd" + "".join(

@@ -21,7 +21,7 @@ both sides:
   reading): nothing is written that cannot be read back cheaply;
 * a reader charges every text it parses (its length, plus each exponent and
   each max/min group, in units of about 3.5 us) to its buffer's parse budget
-  (:meth:`jaxcolo.wire.Buffer.charge_parse`, :func:`parse_budget`), so the
+  (:meth:`jaxcolo.wire.Buffer.charge_parse`, :func:`jaxcolo.wire.parse_budget`), so the
   total parse work stays proportional to the payload size even when one
   string is referenced from many places; the spec writer adds up the same
   charges and refuses a payload a reader would refuse.
@@ -137,11 +137,6 @@ def check_writable_text(text: str, path: str) -> int:
         raise EncodeError(f"symbolic expression {text[:200]!r} {refused}",
                           path)
     return cost
-
-
-def parse_budget(size: int) -> int:
-    """Parse units a reader allows a buffer of ``size`` bytes."""
-    return 12 * size + 65536
 
 
 def _charge(buf, text: str, path: str) -> None:
