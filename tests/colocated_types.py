@@ -65,3 +65,16 @@ class BadStr(Exception):
 
 def raise_bad_str(x):
     raise BadStr("x")
+
+
+class Coded(Exception):
+    """An exception whose __init__ takes other arguments than its args."""
+
+    def __init__(self, code, *, where):
+        super().__init__(f"error {code} at {where}")
+        self.code = code
+        self.where = where
+
+
+def raise_coded(x):
+    raise Coded(7, where="the host")

@@ -285,6 +285,20 @@ def test_exceptions_keep_their_type(executor):
         fut.result(timeout=10)
 
 
+def test_exceptions_with_their_own_init_keep_type_and_attributes(executor):
+    """An exception whose __init__ takes other arguments than the args it
+    stores could not be rebuilt in the caller: it came back as an
+    ExecutorError."""
+    from tests import colocated_types as ct
+
+    f = jaxcolo.colocated_python(ct.raise_coded).specialize(
+        out_specs_fn=lambda x: x)
+    with pytest.raises(ct.Coded, match="error 7 at the host") as info:
+        f(put(1, cpu_devices()[0]))
+    assert (info.value.code, info.value.where) == (7, "the host")
+    assert info.value.args == ("error 7 at the host",)
+
+
 def test_submit_returns_futures(executor):
     f = jaxcolo.colocated_python(add_one_tree)
     x = put(1, cpu_devices()[0])

@@ -4,8 +4,9 @@ Sending (:class:`Packer`): each addressable shard of an array becomes a
 buffer of raw bytes -- the shard's elements in C order (PRNG key arrays:
 their uint32 key data; StringDType arrays: uint64 UTF-8 lengths then the
 bytes).  Replicas of one shard share a buffer.  Small buffers travel in the
-message, large ones in shared memory (a ``SegmentPool``) or, between
-machines, in frames after the message.
+message (up to ``INLINE_TOTAL`` bytes in all; any more in frames after it),
+large ones in shared memory (a ``SegmentPool``) or, between machines, in
+frames after the message.
 
 Receiving (:class:`Layout`, :func:`assemble`): the receiver knows each
 leaf's spec (shape, dtype, sharding: from the program's in or out specs), so
@@ -33,6 +34,8 @@ from jaxcolo.errors import PayloadError
 from jaxcolo.process.messages import Shards
 
 INLINE_LIMIT = 64 * 1024    # larger buffers go out of the message
+INLINE_TOTAL = 8 << 20      # a message carries at most this much data; more
+                            # buffers (however small) go out of it too
 FRAME_CHUNK = 16 << 20      # out-of-band frames carry at most this much
 _ALIGN = 64
 
@@ -111,7 +114,10 @@ class Packer:
     ``pool``: a SegmentPool for buffers above ``inline_limit`` (None: frames).
     After ``add``-ing every leaf, ``finish()`` returns the Shards; then
     ``segments`` (announcements), ``frames`` (out-of-band payloads, in
-    order) and ``leases`` (lease ids used) describe the rest.
+    order) and ``leases`` (lease ids used) describe the rest.  A message
+    that is not sent after all must be ``abandon()``-ed (its leases go back
+    to the pool).  However many leaves, the message itself stays small:
+    past ``INLINE_TOTAL`` bytes of inline data, buffers go out of it.
     """
 
     def __init__(self, pool=None, inline_limit: int = INLINE_LIMIT):
@@ -123,6 +129,14 @@ class Packer:
         self.segments: list = []
         self.frames: list = []
         self.leases: list = []
+        self._lease_objects: list = []
+
+    def abandon(self) -> None:
+        """Give back the shared-memory space of a message never sent."""
+        if self._lease_objects:
+            self.pool.abandon(self._lease_objects)
+            self._lease_objects = []
+            self.leases = []
 
     def add(self, leaf: int, x, devices=None) -> None:
         """Add the shards of array ``x`` (leaf number ``leaf``) on
@@ -161,6 +175,11 @@ class Packer:
             s.device.append(payload_id(sh.device))
             s.buffer.append(j)
 
+    def add_all(self, xs) -> None:
+        """``add`` every array of ``xs`` (leaf i: ``xs[i]``), all shards."""
+        for i, x in enumerate(xs):
+            self.add(i, x, None)
+
     def _buffer(self, arr, fmt) -> int:
         s = self.s
         j = len(s.where)
@@ -168,7 +187,8 @@ class Packer:
         n = len(raw)
         s.format.append(fmt)
         s.size.append(n)
-        if n <= self.inline_limit or (self.pool is None and n <= 4096):
+        if (n <= self.inline_limit and
+                self._data_size + n + _ALIGN <= INLINE_TOTAL):
             pad = -self._data_size % _ALIGN
             if pad:
                 self._chunks.append(bytes(pad))
@@ -180,13 +200,14 @@ class Packer:
             self._chunks.append(raw if isinstance(raw, bytes)
                                 else raw.tobytes())
             self._data_size += n
-        elif self.pool is not None:
+        elif self.pool is not None and n > self.inline_limit:
             lease = self.pool.lease(n)
             np.copyto(lease.view, np.frombuffer(raw, np.uint8)
                       if isinstance(raw, bytes) else raw)
             if lease.announce is not None:
                 self.segments.append(lease.announce)
             self.leases.append(lease.id)
+            self._lease_objects.append(lease)
             s.where.append(BufferWhere.shm)
             s.offset.append(0)
             s.segment.append(lease.segment)

@@ -357,6 +357,7 @@ class ProcessExecutor(HostSet, Executor):
         if error is not None:
             call.fail(error)
             return
+        packer = None
         try:
             link.ensure_registered(plan.ref)
             packer = arrays.Packer(link.pool)
@@ -369,6 +370,7 @@ class ProcessExecutor(HostSet, Executor):
                 else messages.MessageKind.call, call_id=call_id,
                 lane=lane_id, program_id=plan.ref.id, shards=packer.finish(),
                 segments=packer.segments, ordered=ordered), packer.frames)
+            packer = None  # sent: the worker gives the leases back
         except ExecutorError as e:
             self._fail_pending(call_id, ExecutorError(
                 f"{link.describe}: could not send the call: {e}"))
@@ -377,6 +379,9 @@ class ProcessExecutor(HostSet, Executor):
                 e = ExecutorError(f"{link.describe} was lost while the call "
                                   f"was being sent ({e!r})")
             self._fail_pending(call_id, e)
+        finally:
+            if packer is not None and not link.is_lost:
+                packer.abandon()  # never sent: its leases come back
 
     def _fail_pending(self, call_id, error) -> None:
         with self._lock:

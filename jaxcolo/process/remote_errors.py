@@ -14,6 +14,12 @@ Nothing is imported and no other global is reachable.  So the caller gets
 the same exception type with its args and attributes; anything else (args
 or attributes holding other objects, a class unknown here) gives None, and
 the caller an ExecutorError naming the type and the message.
+
+An exception whose class keeps BaseException's pickling is rebuilt by
+:func:`rebuild_exception`: its class called with its args, or, when its
+``__init__`` takes other arguments than the args it stores, made without
+``__init__``; then its attributes are set.  One whose pickle is over the
+size limit travels as its class and clipped text only.
 """
 
 from __future__ import annotations
@@ -76,10 +82,34 @@ def _reference(cls: type):
     return tracked_exception_class, (tracker_id,)
 
 
+def rebuild_exception(cls, args, state):
+    """An exception of class ``cls`` with ``args`` and attributes
+    ``state`` (a dict or None)."""
+    if not _is_exception_class(cls) or not isinstance(args, tuple):
+        raise pickle.UnpicklingError("not an exception")
+    try:
+        exc = cls(*args)
+    except Exception:  # noqa: BLE001 - __init__ wants other arguments
+        exc = cls.__new__(cls, *args)
+    exc.args = args
+    if state:
+        exc.__dict__.update(state)
+    return exc
+
+
+def _default_pickling(cls) -> bool:
+    return (cls.__reduce_ex__ is BaseException.__reduce_ex__ and
+            cls.__reduce__ is BaseException.__reduce__ and
+            getattr(cls, "__setstate__", None) is BaseException.__setstate__)
+
+
 class _ExceptionPickler(pickle.Pickler):
     def reducer_override(self, obj):
         if isinstance(obj, type) and issubclass(obj, BaseException):
             return _reference(obj)
+        if isinstance(obj, Exception) and _default_pickling(type(obj)):
+            return rebuild_exception, (type(obj), obj.args,
+                                       getattr(obj, "__dict__", None) or None)
         return NotImplemented
 
 
@@ -89,18 +119,43 @@ class _ExceptionUnpickler(pickle.Unpickler):
             return exception_class
         if module == _THIS and name == "tracked_exception_class":
             return tracked_exception_class
+        if module == _THIS and name == "rebuild_exception":
+            return rebuild_exception
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a "
                                      "remote exception")
 
 
-def dumps_exception(e: BaseException) -> bytes | None:
-    """``e`` pickled for ``loads_exception``; None if it cannot be."""
+def _dumps(obj) -> bytes | None:
     out = io.BytesIO()
     try:
-        _ExceptionPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(e)
+        _ExceptionPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     except Exception:  # noqa: BLE001 - args that do not pickle
         return None
     return out.getvalue()
+
+
+class _Clipped:
+    """Pickles as ``cls(text)`` made by rebuild_exception."""
+
+    def __init__(self, cls, text):
+        self.cls, self.text = cls, text
+
+    def __reduce__(self):
+        return rebuild_exception, (self.cls, (self.text,), None)
+
+
+def dumps_exception(e: BaseException, limit: int | None = None,
+                    text: str | None = None) -> bytes | None:
+    """``e`` pickled for ``loads_exception``; None if it cannot be.  Over
+    ``limit`` bytes: its class with ``text`` as its only arg instead (None
+    if that is over the limit too, or no text is given)."""
+    data = _dumps(e)
+    if limit is None or (data is not None and len(data) <= limit):
+        return data
+    if text is None or not isinstance(e, Exception):
+        return None
+    data = _dumps(_Clipped(type(e), text))
+    return data if data is not None and len(data) <= limit else None
 
 
 def loads_exception(data: bytes) -> BaseException | None:

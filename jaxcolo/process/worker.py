@@ -25,6 +25,7 @@ writes speaks the controller's ids.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
@@ -32,7 +33,7 @@ import threading
 import time
 import traceback
 
-from jaxcolo_fb import MessageKind as K
+from jaxcolo_fb import BufferWhere, MessageKind as K
 from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.colocated.body import loads_body
 from jaxcolo.colocated.program import ProgramRef, decode_program, read_program
@@ -76,19 +77,33 @@ def _reason(e: BaseException) -> str:
     return str(e) if isinstance(e, PayloadError) else repr(e)
 
 
+MAX_ERROR_TEXT = 1 << 20      # characters of an error's text or traceback
+MAX_ERROR_PICKLE = 16 << 20   # bytes; a bigger pickled exception is dropped
+
+
 def error_message(call_id: int, e: BaseException, where: str) -> messages.Message:
-    """An ``error`` message carrying exception ``e``."""
+    """An ``error`` message carrying exception ``e`` (its text and
+    traceback clipped to MAX_ERROR_TEXT characters, the pickled exception
+    left out past MAX_ERROR_PICKLE bytes: the reply must fit in a frame)."""
     t = type(e)
     tb = _safely(lambda: "".join(traceback.format_exception(e)),
                  "<the traceback could not be formatted>")
+    text = _clip(_safely(lambda: str(e), f"<{t.__qualname__}: str() failed>"))
     # None: type name and text
-    pickled = _safely(lambda: remote_errors.dumps_exception(e), None)
+    pickled = _safely(lambda: remote_errors.dumps_exception(
+        e, MAX_ERROR_PICKLE, text), None)
     return messages.Message(
         K.error, call_id=call_id,
         error_type=f"{t.__module__}.{t.__qualname__}",
-        error_message=_safely(lambda: str(e),
-                              f"<{t.__qualname__}: str() failed>"),
-        error_traceback=tb, error_pickle=pickled)
+        error_message=text, error_traceback=_clip(tb), error_pickle=pickled)
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_ERROR_TEXT:
+        return text
+    half = MAX_ERROR_TEXT // 2
+    return (f"{text[:half]}\n... [{len(text) - 2 * half} characters left "
+            f"out] ...\n{text[-half:]}")
 
 
 def _safely(make, fallback):
@@ -157,6 +172,23 @@ class Session:
             log.info("%s: cannot reply (%s)", self.where, e)
             self._end()
 
+    def _send_reply(self, call_id: int, m, frames=(), packer=None) -> None:
+        """Send a call's reply; one that cannot be framed fails that call
+        (with an ExecutorError saying why) and the session goes on."""
+        try:
+            self._send(m, frames)
+            return
+        except channel_mod.FrameTooLarge as e:
+            if packer is not None:
+                packer.abandon()
+            error = ExecutorError(f"{self.where} could not send the reply: "
+                                  f"{e}")
+        except ExecutorError as e:
+            log.info("%s: cannot reply (%s)", self.where, e)
+            self._end()
+            return
+        self._send_quietly(error_message(call_id, error, self.where))
+
     # ------------------------------------------------------------ reading
     def _start_reader(self) -> None:
         """Make a new thread the reader (under ``_reader_lock`` or before
@@ -221,6 +253,9 @@ class Session:
         reader took over (False)."""
         try:
             while not self._ended.is_set():
+                # hold nothing of the last call while waiting (its inputs
+                # may pin the controller's shared memory)
+                m = task = None
                 self.channel.readable(None, channel_mod.SPIN)
                 frame = self.channel.recv(timeout=None)
                 try:
@@ -372,8 +407,11 @@ class Session:
             self._send_quietly(error_message(m.call_id, e, self.where))
             return None
         discover = m.kind == K.discover
-        return lambda: self._run(m.call_id, m.lane, entry, args, discover,
-                                 ticket)
+        shm = m.shards is not None and BufferWhere.shm in m.shards.where
+        box = [args]  # _run takes the inputs out: nothing else keeps them
+        del args
+        return lambda: self._run(m.call_id, m.lane, entry, box, discover,
+                                 ticket, shm)
 
     def _inputs(self, m, entry, get) -> list:
         layouts = entry.in_layouts
@@ -382,9 +420,12 @@ class Session:
         return [arrays.assemble(lay, per_leaf[i], i, "input")
                 for i, lay in enumerate(layouts)]
 
-    def _run(self, call_id, lane, entry, args, discover, ticket) -> None:
+    def _run(self, call_id, lane, entry, box, discover, ticket,
+             shm=False) -> None:
+        args = box.pop()
         if ticket is not None:
             self._gate.enter(ticket)
+        packer = outs = None
         try:
             if discover:
                 self.stats["discoveries"] += 1
@@ -397,19 +438,29 @@ class Session:
                 specs = None
             del args
             packer = arrays.Packer(self._pool)
-            for i, x in enumerate(outs):
-                packer.add(i, x, None)
+            packer.add_all(outs)
             reply = messages.Message(K.result, call_id=call_id,
                                      shards=packer.finish(), specs=specs,
                                      segments=packer.segments)
             frames = packer.frames
         except BaseException as e:  # the function's (or the outputs') error
             self.stats["errors"] += 1
+            if packer is not None:
+                packer.abandon()
+            packer = None
             reply, frames = error_message(call_id, e, self.where), ()
         finally:
             if ticket is not None:
                 self._gate.leave()
-        self._send_quietly(reply, frames)
+        self._send_reply(call_id, reply, frames, packer)
+        if shm:
+            outs = packer = reply = frames = None
+            # Reading an array that aliases shared memory back to the host
+            # (an output that is an input) leaves JAX objects in a reference
+            # cycle holding the mapping: the controller's lease would wait
+            # for a full collection, which an idle worker rarely runs.  A
+            # young-generation pass (microseconds) frees them now.
+            gc.collect(1)
 
     # --------------------------------------------------------- background
     def _release_loop(self) -> None:

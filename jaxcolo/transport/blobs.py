@@ -135,6 +135,22 @@ class SegmentPool:
                 self._idle.setdefault(seg.size, []).append(seg)
         return n
 
+    def abandon(self, leases) -> None:
+        """Take back leases (Lease objects) whose message was never sent:
+        a segment announced by one of them is still unknown to the peer,
+        so it keeps its name and is announced again at its next use."""
+        with self._lock:
+            for lease in leases:
+                seg = self._leases.pop(lease.id, None)
+                if seg is None:
+                    continue
+                if lease.announce is not None:
+                    seg.announced = False
+                elif seg.linked:
+                    unlink(seg.name)
+                    seg.linked = False
+                self._idle.setdefault(seg.size, []).append(seg)
+
     def stats(self) -> dict:
         with self._lock:
             return {"segments": len(self._segments),

@@ -94,6 +94,18 @@ def format_address(address) -> str:
             else f"{address[0]}:{address[1]}")
 
 
+class FrameTooLarge(ExecutorError):
+    """A frame over MAX_FRAME bytes was not sent (the channel is intact)."""
+
+
+def _check_sizes(frames) -> None:
+    for frame in frames:
+        n = len(frame) if not isinstance(frame, memoryview) else frame.nbytes
+        if n > MAX_FRAME:
+            raise FrameTooLarge(f"a message of {n} bytes exceeds the "
+                                f"{MAX_FRAME >> 20} MiB frame limit")
+
+
 class _Watchdog:
     """Shuts a socket down unless cancelled within ``timeout`` seconds."""
 
@@ -172,9 +184,10 @@ class Channel:
             return True  # recv reports what went wrong
 
     def send(self, frame: bytes) -> None:
-        if len(frame) > MAX_FRAME:
-            raise ExecutorError(f"frame of {len(frame)} bytes exceeds "
-                                f"{MAX_FRAME}")
+        """Send one frame; FrameTooLarge (nothing sent, the channel is
+        fine) if it exceeds MAX_FRAME, ExecutorError if the connection is
+        lost."""
+        _check_sizes((frame,))
         with self._send_lock, CRITICAL:  # frames are never half-sent
             try:
                 self._conn.send_bytes(frame)
@@ -183,13 +196,11 @@ class Channel:
 
     def send_frames(self, frames) -> None:
         """Send several frames with nothing in between (a message and the
-        out-of-band buffers that follow it)."""
+        out-of-band buffers that follow it); all or (FrameTooLarge) none."""
+        _check_sizes(frames)
         with self._send_lock, CRITICAL:
             try:
                 for frame in frames:
-                    if len(frame) > MAX_FRAME:
-                        raise ExecutorError(f"frame of {len(frame)} bytes "
-                                            f"exceeds {MAX_FRAME}")
                     self._conn.send_bytes(frame)
             except (OSError, ValueError) as e:
                 raise ExecutorError(f"connection lost: {e}") from None

@@ -1,0 +1,178 @@
+"""Replies and calls near the transport's limits: a reply that cannot be
+framed fails its call (the worker's session, instances and pid survive),
+many small buffers never add up to an oversized message, and a message that
+is never sent gives its shared memory back."""
+
+import gc
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxcolo
+from jaxcolo.errors import ExecutorError
+from jaxcolo.transport.channel import MAX_FRAME, FrameTooLarge
+from tests.colocated_support import cpu_devices, put
+
+SMALL = 16384                      # float32s: one 64 KiB buffer each
+MANY = MAX_FRAME // (4 * SMALL) + 16  # together past one frame
+
+
+@pytest.fixture(scope="module")
+def host():
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex:
+        yield ex
+
+
+def _ok(ex, value=41):
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=lambda x: x)
+    with jaxcolo.use_executor(ex):
+        return int(f(put(np.int32(value), cpu_devices()[0])))
+
+
+def _bump_all(xs):
+    return [x + 1 for x in xs]
+
+
+def test_many_small_buffers_cross_both_ways(host):
+    """1,040 arguments and outputs of 64 KiB (65 MiB each way) once made a
+    reply over the 64 MiB frame limit: the worker's session ended and it
+    was restarted.  Past 8 MiB of inline data buffers now go in frames."""
+    pid = host.worker_pids()[0]
+    d = cpu_devices()[0]
+    xs = [put(np.full(SMALL, i, np.float32), d) for i in range(MANY)]
+    f = jaxcolo.colocated_python(_bump_all).specialize(
+        out_specs_fn=lambda xs: xs)
+    with jaxcolo.use_executor(host):
+        out = f(xs)
+    assert len(out) == MANY
+    for i in (0, 1, MANY // 2, MANY - 1):
+        np.testing.assert_array_equal(np.asarray(out[i]),
+                                      np.full(SMALL, i + 1, np.float32))
+        assert out[i].sharding == xs[i].sharding
+    assert host.worker_pids()[0] == pid
+
+
+class _Huge(Exception):
+    pass
+
+
+def _raise_huge(x):
+    raise _Huge("x" * (40 << 20))
+
+
+def _raise_huge_pickle(x):
+    raise _Huge(np.zeros(80 << 20, np.uint8))  # pickles to > 64 MiB
+
+
+def test_a_huge_exception_fails_only_its_call(host):
+    """A 40 MB exception message made an error reply over the frame limit
+    and ended the session; now its text is clipped (and a too-large
+    pickled exception is left out), the type is kept."""
+    pid = host.worker_pids()[0]
+    x = put(np.float32(1), cpu_devices()[0])
+    with jaxcolo.use_executor(host):
+        f = jaxcolo.colocated_python(_raise_huge).specialize(
+            out_specs_fn=lambda x: x)
+        with pytest.raises(_Huge) as info:
+            f(x)
+        text = str(info.value)
+        assert len(text) < 2 << 20 and "characters left out" in text
+        g = jaxcolo.colocated_python(_raise_huge_pickle).specialize(
+            out_specs_fn=lambda x: x)
+        with pytest.raises(_Huge):
+            g(x)
+    assert _ok(host) == 42
+    assert host.worker_pids()[0] == pid
+
+
+def test_an_oversized_frame_is_refused_whole_and_the_channel_goes_on():
+    """A frame over the limit raises FrameTooLarge before a byte is sent
+    (the worker turns that into a failed call), and the connection stays
+    usable."""
+    from tests.test_process_adversarial import _channel_pair
+    ch, peer, keep = _channel_pair()
+    try:
+        with pytest.raises(FrameTooLarge, match="64 MiB frame limit"):
+            ch.send_frames([b"head", memoryview(bytes(MAX_FRAME + 1))])
+        with pytest.raises(FrameTooLarge):
+            ch.send(bytes(MAX_FRAME + 1))
+        ch.send(b"after")
+        assert peer.poll(10) and peer.recv_bytes() == b"after"
+    finally:
+        ch.close()
+        peer.close()
+        keep.close()
+
+
+def _big_then_deleted(x):
+    big = jnp.zeros((1 << 20,), jnp.float32) + x
+    gone = x + 1
+    gone.delete()
+    return big, gone
+
+
+def _leased(ex):
+    """Shared-memory leases outstanding (controller's, worker's)."""
+    deadline = time.monotonic() + 20
+    while True:
+        gc.collect()
+        mine = ex._links[0].pool.stats()["leased"]
+        theirs = ex.stats()["hosts"][0].get("leased")
+        if (mine, theirs) == (0, 0) or time.monotonic() > deadline:
+            return mine, theirs
+        time.sleep(0.1)
+
+
+def test_packing_failures_give_leases_back(host):
+    """A call whose later argument cannot be packed, and a reply whose
+    later output cannot, kept the shared memory of the earlier (large)
+    ones leased until close."""
+    if host._links[0].pool is None:
+        pytest.skip("no shared memory here")
+    d = cpu_devices()[0]
+    big = put(np.ones(1 << 20, np.float32), d)
+    with jaxcolo.use_executor(host):
+        f = jaxcolo.colocated_python(lambda a, b: a).specialize(
+            out_specs_fn=lambda a, b: a)
+        for _ in range(3):
+            gone = put(np.float32(2), d)
+            gone.delete()
+            with pytest.raises(RuntimeError, match="deleted"):
+                f(big, gone)
+        g = jaxcolo.colocated_python(_big_then_deleted).specialize(
+            out_specs_fn=lambda x: (
+                jax.ShapeDtypeStruct((1 << 20,), np.float32,
+                                     sharding=x.sharding), x))
+        for _ in range(3):
+            with pytest.raises(RuntimeError, match="deleted"):
+                g(put(np.float32(1), d))
+        assert float(f(big, big)[0]) == 1.0
+    assert _leased(host) == (0, 0)
+    stats = host.stats()["hosts"][0]
+    assert stats["segments"] <= 3, stats
+
+
+def test_a_passed_through_input_gives_its_shared_memory_back(host):
+    """An output that is the function's own (shared-memory) input held the
+    controller's lease until the worker happened to run a full garbage
+    collection (reading it back made a reference cycle, and the reader kept
+    the last call's inputs): a loop of such calls pinned a segment each."""
+    if host._links[0].pool is None:
+        pytest.skip("no shared memory here")
+    pool = host._links[0].pool
+    d = cpu_devices()[0]
+    f = jaxcolo.colocated_python(lambda a, b: a).specialize(
+        out_specs_fn=lambda a, b: a)
+    with jaxcolo.use_executor(host):
+        for i in range(4):
+            big = put(np.full(1 << 20, i, np.float32), d)
+            assert float(f(big, big)[-1]) == i
+            deadline = time.monotonic() + 10
+            while pool.stats()["leased"] and time.monotonic() < deadline:
+                time.sleep(0.02)  # no message to the worker meanwhile
+            assert pool.stats()["leased"] == 0
+    assert pool.stats()["segments"] <= 3
