@@ -185,3 +185,40 @@ def test_sigterm_removes_the_unix_socket_so_a_restart_binds(keyfile,
         proc.terminate()
         proc.wait(30)
         assert not path.exists()
+
+
+def _big_reply(x):
+    import jax.numpy as jnp
+    return jnp.zeros((6 << 20,), jnp.float32) + x  # 24 MiB
+
+
+def test_a_reply_streaming_longer_than_lost_timeout_is_not_lost(keyfile):
+    """Over a slow link, a reply's frames take longer than ``lost_timeout``
+    to arrive, and no heartbeat can go out meanwhile: the worker was
+    declared lost mid-reply (the call failed, the worker was dropped).
+    Frames arriving now count as signs of life."""
+    from tests.throttle import ThrottledProxy
+
+    proc = _start(keyfile, "--listen", "127.0.0.1:0")
+    proxy = None
+    try:
+        proxy = ThrottledProxy(_address(proc), rate=12e6)  # ~2 s per reply
+        d = cpu_devices()[0]
+        f = jaxcolo.colocated_python(_big_reply).specialize(
+            out_specs_fn=lambda x: jax.ShapeDtypeStruct(
+                (6 << 20,), np.float32, sharding=x.sharding))
+        with jaxcolo.ProcessExecutor(addresses=[proxy.address],
+                                     authkey=keyfile.read_bytes(), shm=False,
+                                     lost_timeout=0.6, heartbeat=0.1) as ex:
+            with jaxcolo.use_executor(ex):
+                t = time.monotonic()
+                out = f(jax.device_put(np.float32(2), d))
+                took = time.monotonic() - t
+            assert took > 1.2, took  # the link really was that slow
+            assert float(out[0]) == 2.0 and float(out[-1]) == 2.0
+            assert ex.worker_pids() == [proc.pid]
+    finally:
+        if proxy is not None:
+            proxy.close()
+        proc.terminate()
+        proc.wait(10)

@@ -86,12 +86,13 @@ class HostLink:
                          name=f"jaxcolo-host{index}-watch").start()
 
     def _watch(self) -> None:
-        """Lose the worker after ``lost_timeout`` s without a message (it
-        sends heartbeats when idle)."""
+        """Lose the worker after ``lost_timeout`` s without a frame (it
+        sends heartbeats when idle; the frames of a long reply count)."""
         period = min(1.0, self._lost_timeout / 4)
         while not self._lost:
             time.sleep(period)
-            silent = time.monotonic() - self.last_seen
+            silent = min(time.monotonic() - self.last_seen,
+                         self.channel.silent_for())
             if silent > self._lost_timeout and not self._lost:
                 self.lost(f"no message for {silent:.1f}s (heartbeats "
                           "stopped)")

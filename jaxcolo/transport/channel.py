@@ -149,6 +149,7 @@ class Channel:
         self.closed = False
         self.frame_timeout = FRAME_TIMEOUT
         self._frame_started = 0.0  # monotonic start of a frame being read
+        self.last_frame = time.monotonic()  # when the last frame completed
         threading.Thread(target=self._watch_frames, daemon=True,
                          name="jaxcolo-frame-watch").start()
 
@@ -164,6 +165,13 @@ class Channel:
                 except OSError:
                     pass
                 return
+
+    def silent_for(self) -> float:
+        """Seconds since the last frame arrived; 0 while one is arriving
+        (a frame that stalls is the frame watchdog's to end)."""
+        if self._frame_started:
+            return 0.0
+        return time.monotonic() - self.last_frame
 
     def readable(self, timeout: float | None, spin: float = 0.0) -> bool:
         """True when a frame (or EOF, or an error) is waiting, within
@@ -219,6 +227,7 @@ class Channel:
                 self._frame_started = time.monotonic()
                 part = self._conn.recv_bytes(want)  # OSError if longer
                 self._frame_started = 0.0
+                self.last_frame = time.monotonic()
                 if len(part) != want:
                     raise ExecutorError(f"out-of-band frame of {len(part)} "
                                         f"bytes, expected {want}")
@@ -244,6 +253,7 @@ class Channel:
             self._frame_started = time.monotonic()
             frame = self._conn.recv_bytes(MAX_FRAME)
             self._frame_started = 0.0
+            self.last_frame = time.monotonic()
             return frame
         except EOFError:
             self.close()
