@@ -480,6 +480,59 @@ def test_per_call_timeout(one_host, tmp_path):
     assert _ok(one_host) == 42
 
 
+def test_timeout_covers_waiting_for_another_threads_discovery(one_host):
+    """A call waiting for another thread's first call (which discovers the
+    output specs) waited as long as that took, whatever its timeout."""
+    def slow_first(x):
+        time.sleep(2.0)
+        return x
+
+    f = jaxcolo.colocated_python(slow_first)
+    x = put(1, cpu_devices()[0])
+    results = []
+    with jaxcolo.use_executor(one_host):
+        first = threading.Thread(target=lambda: results.append(int(f(x))))
+        first.start()
+        deadline = time.monotonic() + 10
+        while not any(sp._discovering for sp in f._cache.values()):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        with one_host.timeout(0.3), pytest.raises(
+                jaxcolo.ExecutorError,
+                match=r"^slow_first: call timed out after 0.3s waiting for "
+                      "another thread's first call to discover the output "
+                      "specs; it was not sent$"):
+            f(x)
+        assert time.monotonic() - t0 < 1.2
+        first.join(30)
+        assert results == [1]
+        assert int(f(x)) == 1
+
+
+def test_timeout_covers_waiting_for_a_restart():
+    """A call made while its host restarts waited for the restart (seconds:
+    a new process importing JAX), whatever its timeout."""
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex:
+        assert _ok(ex) == 42
+        pid = ex.worker_pids()[0]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not ex._links[0].is_lost:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+            out_specs_fn=_identity)
+        t0 = time.monotonic()
+        with jaxcolo.use_executor(ex), ex.timeout(0.3), pytest.raises(
+                jaxcolo.ExecutorError,
+                match=r"^call timed out after 0.3s waiting for host 0 to "
+                      r"restart; it was not sent$"):
+            f(put(np.int32(1), cpu_devices()[0]))
+        assert time.monotonic() - t0 < 1.0
+        assert _ok(ex) == 42 and ex.worker_pids()[0] != pid
+
+
 def _kill_mid_call(ex, tmp_path, devices, host):
     log = tmp_path / "runs"
 

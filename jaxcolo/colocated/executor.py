@@ -101,6 +101,12 @@ class Executor(abc.ABC):
     def close(self) -> None:
         ...
 
+    def call_timeout(self) -> float | None:
+        """Seconds a call this thread makes now may take, waits included
+        (None: no limit).  Callers bound their own waits for the call (for
+        another thread's discovery, say) by it."""
+        return None
+
     def __enter__(self):
         return self
 

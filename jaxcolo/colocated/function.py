@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import time
 from concurrent.futures import CancelledError, Future
 from typing import Any, Callable
 
@@ -39,6 +40,7 @@ from jaxcolo.colocated.body import dumps_body
 from jaxcolo.colocated.cache import SignatureCache, fast_key
 from jaxcolo.colocated.executor import get_executor
 from jaxcolo.colocated.program import ProgramRef, encode_program
+from jaxcolo.errors import ExecutorError
 
 _flatten = jtu.tree_flatten
 _get_ident = threading.get_ident
@@ -183,8 +185,8 @@ class Specialized:
         function's outputs may well be None).
         """
         with self._cond:
-            while self.out_treedef is None and self._discovering:
-                self._cond.wait()
+            if self.out_treedef is None and self._discovering:
+                self._wait_for_discovery(executor.call_timeout())
             if self.out_treedef is not None:
                 return SPECS_KNOWN
             self._discovering = True
@@ -206,6 +208,21 @@ class Specialized:
             with self._cond:
                 self._discovering = False
                 self._cond.notify_all()
+
+
+    def _wait_for_discovery(self, timeout: float | None) -> None:
+        """Wait (holding ``_cond``) while another thread discovers; an
+        ExecutorError after ``timeout`` seconds (the caller's call timeout)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.out_treedef is None and self._discovering:
+            remaining = None if deadline is None else \
+                deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise ExecutorError(
+                    f"{self.name}: call timed out after {timeout}s waiting "
+                    "for another thread's first call to discover the output "
+                    "specs; it was not sent")
+            self._cond.wait(remaining)
 
 
 # Specialized.discover's answer when another thread discovered the specs.

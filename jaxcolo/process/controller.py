@@ -42,6 +42,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from typing import Hashable, Sequence
@@ -259,6 +260,11 @@ class ProcessExecutor(HostSet, Executor):
         finally:
             self._local.timeout = previous
 
+    def call_timeout(self) -> float | None:
+        """This thread's timeout (``timeout()`` block), else call_timeout."""
+        timeout = getattr(self._local, "timeout", False)
+        return self._call_timeout if timeout is False else timeout
+
     def stats(self, timeout: float = 10.0) -> dict:
         """Controller counters, plus each host's (``hosts``) and their sums
         for ``bodies_loaded``, ``instances_created``, ``registered``."""
@@ -287,9 +293,9 @@ class ProcessExecutor(HostSet, Executor):
             plan.check_args(args)
         if plan.instance_id:
             self._check_instance(plan)
-        timeout = getattr(self._local, "timeout", False)
-        if timeout is False:
-            timeout = self._call_timeout
+        timeout = self.call_timeout()
+        started = time.monotonic()
+        limit = None if timeout is None else (started + timeout, timeout)
         lane_id = self._lane(lane)
         call = Call(plan, discover, self._remote_error)
         destroys = self._destroys
@@ -309,14 +315,14 @@ class ProcessExecutor(HostSet, Executor):
             if len(plan.hosts) == 1:
                 h = plan.hosts[0]
                 try:
-                    link = self._link(h)
+                    link = self._link(h, limit)
                 except ExecutorError as e:
                     call.fail(e)
                 else:
                     self._send(h, link, call, args, lane_id, False)
             else:
                 with self._ordered_lock:
-                    links = self._cluster_links(plan.hosts, call)
+                    links = self._cluster_links(plan.hosts, call, limit)
                     for h, link in links:
                         if call.future.done():
                             break  # a host was lost: never send the rest
@@ -326,8 +332,8 @@ class ProcessExecutor(HostSet, Executor):
             if counted:
                 destroys.done(iid)
             raise
-        if timeout is not None:
-            self._deadlines.add(call, timeout)
+        if timeout is not None:  # waits for a restart count too
+            self._deadlines.add(call, timeout, started)
         return call
 
     def _send(self, h: int, link: HostLink, call: Call, args, lane_id: int,

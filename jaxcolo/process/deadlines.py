@@ -44,8 +44,12 @@ class Deadlines:
         threading.Thread(target=self._run, daemon=True,
                          name="jaxcolo-deadlines").start()
 
-    def add(self, call, seconds: float) -> None:
-        entry = [time.monotonic() + seconds, next(self._seq), call, seconds]
+    def add(self, call, seconds: float, start: float | None = None) -> None:
+        """Expire ``call`` ``seconds`` after ``start`` (a time.monotonic()
+        value; None: now)."""
+        if start is None:
+            start = time.monotonic()
+        entry = [start + seconds, next(self._seq), call, seconds]
         # Future's own method: internal, runs inline in any thread
         Future.add_done_callback(call.future,
                                  lambda _, e=entry: e.__setitem__(2, None))

@@ -94,13 +94,18 @@ class HostSet:
         self._owner = owner
         self._version = min(link.version for link in self._links)
 
-    def _link(self, h: int) -> HostLink:
+    def _link(self, h: int, limit=None) -> HostLink:
         """Host ``h``'s live link: waits for a restart in progress (local
-        workers), reconnects (running workers)."""
+        workers), reconnects (running workers).  ``limit``: the call's
+        (deadline, timeout), if it has one: the wait ends there."""
         link = self._links[h]
         if not link.is_lost and self._ready.is_set():
             return link
         deadline = time.monotonic() + self._start_timeout
+        if limit is not None and limit[0] < deadline:
+            deadline = limit[0]
+        else:
+            limit = None
         while True:
             if self._closed:
                 raise ExecutorError("ProcessExecutor is closed")
@@ -121,6 +126,10 @@ class HostSet:
             # a restart is running, or the loss is being reported
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if limit is not None:
+                    raise ExecutorError(
+                        f"call timed out after {limit[1]}s waiting for host "
+                        f"{h} to restart; it was not sent")
                 raise ExecutorError(f"host {h} is still restarting after "
                                     f"{self._start_timeout}s")
             if ready:
@@ -128,13 +137,13 @@ class HostSet:
             else:
                 self._ready.wait(remaining)
 
-    def _cluster_links(self, hosts, call: Call) -> list:
+    def _cluster_links(self, hosts, call: Call, limit=None) -> list:
         """The links of every host of a multi-host call, all of one
         generation (a host lost now fails the whole call: no part of it may
         reach a restarted cluster while the other parts went to the old
         one)."""
         try:
-            links = [(h, self._link(h)) for h in hosts]
+            links = [(h, self._link(h, limit)) for h in hosts]
         except ExecutorError as e:
             call.fail(e)
             return []
