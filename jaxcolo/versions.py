@@ -13,7 +13,7 @@ import dataclasses
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 MIN_READABLE_VERSION = 1
 
 
@@ -58,6 +58,12 @@ HISTORY: tuple[VersionInfo, ...] = (
         # SymbolicScope.token.  Needed (min reader 6) only by payloads with
         # two distinct scopes of equal constraints, which older readers merge.
         "symbolic_scope_identity",
+    )),
+    VersionInfo(7, 1, (
+        # MessageKind.resume: a worker whose part of a multi-host call
+        # failed holds its later multi-host calls until every other host is
+        # done with that call (sessions at version >= 7 only).
+        "message_resume",
     )),
 )
 

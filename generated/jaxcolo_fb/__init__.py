@@ -139,6 +139,7 @@ class MessageKind(object):
     ping = 9
     stats = 10
     shutdown = 11
+    resume = 12
 
 
 # Where a buffer's bytes are.

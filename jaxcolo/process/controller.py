@@ -70,7 +70,10 @@ class ProcessExecutor(HostSet, Executor):
     contiguous block of ``devices`` (default: this process's CPU devices).
     ``addresses``/``authkey``: connect to running workers instead.
     ``call_timeout``: default per-call timeout in seconds (None: none).
-    ``lost_timeout``: a worker silent this long is lost.  ``restart``:
+    ``lost_timeout``: a worker silent this long is lost.
+    ``straggler_timeout``: seconds the other hosts of a multi-host call
+    that failed on one host get to finish before they are lost (they may be
+    waiting in a collective for it; None: wait forever).  ``restart``:
     restart lost local workers.  ``min_version``/``max_version``: the
     payload versions this controller speaks (default: all it can).
     ``local_transport``: how started workers are reached, ``"unix"``
@@ -82,6 +85,7 @@ class ProcessExecutor(HostSet, Executor):
                  authkey: bytes | None = None, devices=None,
                  call_timeout: float | None = None, lost_timeout: float = 10.0,
                  heartbeat: float = 1.0, start_timeout: float = 120.0,
+                 straggler_timeout: float | None = 10.0,
                  connect_timeout: float = 10.0, restart: bool = True,
                  min_version: int | None = None,
                  max_version: int | None = None, shm: bool = True,
@@ -100,6 +104,9 @@ class ProcessExecutor(HostSet, Executor):
                           heartbeat=heartbeat, use_shm=shm)
         self._start_timeout = start_timeout
         self._call_timeout = check_timeout(call_timeout, "call_timeout")
+        self._straggler_timeout = check_timeout(straggler_timeout,
+                                                "straggler_timeout")
+        self._wedged = None  # (reason, worker pids): running workers
         self._restart = restart
         self._worker_args = tuple(worker_args)
         if local_transport not in ("unix", "tcp"):
@@ -401,7 +408,10 @@ class ProcessExecutor(HostSet, Executor):
         if entry is None:
             return False  # timed out, or failed at close: dropped
         call, h, _ = entry
-        return call.part_done(h, link, m, get)
+        used = call.part_done(h, link, m, get)
+        if m.kind == messages.MessageKind.error and len(call.plan.hosts) > 1:
+            self._watch_stragglers(call)
+        return used
 
     def _remote_error(self, link, m) -> BaseException:
         exc = None

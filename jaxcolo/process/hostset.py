@@ -8,6 +8,14 @@ running worker), and reacting when a link reports its worker lost -- failing
 the calls in flight there, retiring the whole cluster's links when local
 workers form one, marking the instances that lived there, and restarting.
 
+A multi-host call that fails on one host may leave its other hosts waiting
+forever in a collective for the host that gave up, and every later
+multi-host call behind them.  So such a call's other hosts get
+``straggler_timeout`` seconds to finish; hosts still running it then are
+lost (local workers: the cluster restarts).  Running workers cannot be
+restarted from here: their cluster is marked wedged and later multi-host
+calls fail at once until every worker process of the call was replaced.
+
 It uses the executor's ``_lock``, ``_ready`` (cleared while a restart
 runs), ``_pending``, ``_instances``/``_lost_instances`` and options; it is
 a mixin, not a standalone object.
@@ -144,6 +152,7 @@ class HostSet:
         one)."""
         try:
             links = [(h, self._link(h, limit)) for h in hosts]
+            self._check_not_wedged(links)
         except ExecutorError as e:
             call.fail(e)
             return []
@@ -157,6 +166,55 @@ class HostSet:
                 "hosts"))
             return []
         return links
+
+    # -------------------------------------------------------- stragglers
+    def _watch_stragglers(self, call: Call) -> None:
+        """``call`` (multi-host) failed on one of its hosts: lose the hosts
+        still running it ``straggler_timeout`` seconds from now."""
+        if self._straggler_timeout is None or self._closed:
+            return
+        timer = threading.Timer(self._straggler_timeout,
+                                self._check_stragglers, (call,))
+        timer.daemon = True
+        timer.start()
+
+    def _check_stragglers(self, call: Call) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            stuck = [(h, link) for cid, (h, link) in
+                     zip(call.call_ids, call.links) if cid in self._pending
+                     and not link.is_lost]
+            if not stuck:
+                return
+            hosts = [h for h, _ in stuck]
+            reason = (f"host(s) {hosts} still ran {call.plan.name} "
+                      f"{self._straggler_timeout}s after another of its "
+                      "hosts failed it (waiting in a collective for that "
+                      "host, they never finish)")
+            if self._addresses is not None:
+                self._wedged = (reason, {link.pid for _, link in call.links})
+        log.warning("%s: %s", "the cluster restarts" if self._addresses
+                    is None else "the running workers' cluster is wedged",
+                    reason)
+        for _, link in stuck:
+            link.lost(reason)
+
+    def _check_not_wedged(self, links) -> None:
+        """ExecutorError if a multi-host call would reach a worker process
+        of a wedged cluster (running workers)."""
+        wedged = self._wedged
+        if wedged is None:
+            return
+        reason, pids = wedged
+        if any(link.pid in pids for _, link in links):
+            raise ExecutorError(
+                f"the running workers' jax.distributed cluster is wedged: "
+                f"{reason}; restart every worker process (a ProcessExecutor "
+                "reconnects), multi-host calls fail until then")
+        with self._lock:
+            if self._wedged is wedged:
+                self._wedged = None
 
     # ------------------------------------------------------------ faults
     def _on_lost(self, link: HostLink, reason: str) -> None:

@@ -144,6 +144,9 @@ def encode(m: Message, version: int | None = None) -> bytes:
 def _encode(m: Message, version: int | None = None) -> bytes:
     version = versions.check_writable(version)
     since = versions.require("message", version, "$")
+    if m.kind == MessageKind.resume:
+        since = max(since, versions.require("message_resume", version,
+                                            "$.kind"))
     for field, nested in (("program", m.program), ("specs", m.specs)):
         if nested is not None:  # readers of the message read these too
             since = max(since, envelope.nested_min_reader(
