@@ -131,17 +131,40 @@ def test_two_worker_commands_form_a_cluster(keyfile):
             return jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(
                 x.sharding.mesh, P()))(x)
 
+        refuse = jaxcolo.colocated_python(_sum_unless_host0_refuses)
+        one = jaxcolo.colocated_python(lambda v: v * 2)
         with jaxcolo.ProcessExecutor(addresses=addrs[::-1],  # any order
-                                     authkey=keyfile.read_bytes()) as ex, \
+                                     authkey=keyfile.read_bytes(),
+                                     straggler_timeout=1.0) as ex, \
                 jaxcolo.use_executor(ex):
             assert sorted(ex.worker_pids()) == sorted(p.pid for p in procs)
             assert float(total(x)) == 28.0
             assert float(total(x)) == 28.0
+            assert float(refuse(x)) == 28.0
+            # Host 0 fails a call whose collective host 1 then waits in
+            # forever: these workers cannot be restarted from here, so the
+            # cluster is marked wedged (multi-host calls fail at once).
+            with pytest.raises(ValueError, match="host 0 refuses"):
+                refuse(-(x + 1))
+            time.sleep(1.5)
+            with pytest.raises(jaxcolo.ExecutorError,
+                               match="jax.distributed cluster is wedged: "
+                                     r"host\(s\) \[\d\] still ran "):
+                total(x)
+            y = jax.device_put(np.float32(3), devs[0])
+            assert float(one(y)) == 6.0  # single-host calls go on
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(10)
+
+
+def _sum_unless_host0_refuses(x):
+    if jax.process_index() == 0 and float(x.addressable_shards[0].data[0]) < 0:
+        raise ValueError("host 0 refuses")
+    return jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(
+        x.sharding.mesh, P()))(x)
 
 
 @pytest.mark.parametrize("args,reason", [

@@ -809,6 +809,76 @@ def test_concurrent_multi_host_calls_from_several_threads(two_hosts):
     assert errors == []
 
 
+def _sum_unless_host0_refuses(x):
+    """Host 0 raises for negative inputs, before the collective its other
+    hosts enter."""
+    if jax.process_index() == 0 and float(x.addressable_shards[0].data[0]) < 0:
+        raise ValueError("host 0 refuses")
+    return jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(
+        x.sharding.mesh, P()))(x)
+
+
+def _raise_on(hosts):
+    def fail_on_some(x):
+        if jax.process_index() in hosts:
+            raise KeyError(f"host {jax.process_index()}")
+        return x
+    return fail_on_some
+
+
+def _sum_program():
+    mesh = Mesh(np.array(cpu_devices()), ("x",))
+    f = jaxcolo.colocated_python(_sum_unless_host0_refuses).specialize(
+        out_specs_fn=lambda x: jax.ShapeDtypeStruct(
+            (), x.dtype, sharding=NamedSharding(mesh, P())))
+    return f, lambda k: jax.device_put(np.full(8, k, np.float32),
+                                       NamedSharding(mesh, P("x")))
+
+
+def test_a_host_failing_before_a_collective_restarts_the_cluster():
+    """Host 0 raised while host 1 waited in the call's collective.  Host 1
+    then paired that collective with host 0's *next* call: later calls
+    returned sums of the wrong inputs (or hung), forever.  Now the host
+    that failed holds its next multi-host calls until the others are done;
+    a host still stuck after straggler_timeout gets the cluster restarted."""
+    f, make = _sum_program()
+    with jaxcolo.ProcessExecutor(num_hosts=2, straggler_timeout=1.0) as ex:
+        pids = ex.worker_pids()
+        with jaxcolo.use_executor(ex):
+            assert float(f(make(1))) == 8.0
+            with pytest.raises(ValueError, match="host 0 refuses"):
+                f(make(-1))
+            outcomes = []
+            for k in range(2, 6):  # each is right, or fails: never wrong
+                try:
+                    outcomes.append(float(f(make(k))) == 8.0 * k)
+                except jaxcolo.ExecutorError as e:
+                    assert "after another of its hosts failed it" in str(e)
+                    outcomes.append("interrupted")
+            assert outcomes[-1] is True and False not in outcomes, outcomes
+        assert ex.stats()["restarts"] == 1
+        assert set(ex.worker_pids()).isdisjoint(pids)
+
+
+@pytest.mark.parametrize("failing", [(0,), (0, 1)], ids=["one", "both"])
+def test_a_multi_host_call_failing_without_collectives_resumes(two_hosts,
+                                                               failing):
+    """The hosts whose part failed hold their next multi-host calls until
+    every host is done, then go on: no restart, results right."""
+    f, make = _sum_program()
+    g = jaxcolo.colocated_python(_raise_on(failing)).specialize(
+        out_specs_fn=lambda x: x)
+    pids = two_hosts.worker_pids()
+    restarts = two_hosts.stats()["restarts"]
+    with jaxcolo.use_executor(two_hosts), two_hosts.timeout(60):
+        for k in range(1, 4):
+            with pytest.raises(KeyError, match="host [01]"):
+                g(make(k))
+            assert float(f(make(k))) == 8.0 * k
+    assert two_hosts.worker_pids() == pids
+    assert two_hosts.stats()["restarts"] == restarts
+
+
 def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
     """Wait until process ``pid`` is in the stopped state (``T``)."""
     deadline = time.monotonic() + timeout

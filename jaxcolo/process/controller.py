@@ -387,6 +387,8 @@ class ProcessExecutor(HostSet, Executor):
         except ExecutorError as e:
             self._fail_pending(call_id, ExecutorError(
                 f"{link.describe}: could not send the call: {e}"))
+            if ordered:  # hosts sent it before may wait for this one
+                self._watch_stragglers(call)
         except BaseException as e:
             if link.is_lost:  # e.g. its segment pool closed under us
                 e = ExecutorError(f"{link.describe} was lost while the call "
@@ -409,8 +411,8 @@ class ProcessExecutor(HostSet, Executor):
             return False  # timed out, or failed at close: dropped
         call, h, _ = entry
         used = call.part_done(h, link, m, get)
-        if m.kind == messages.MessageKind.error and len(call.plan.hosts) > 1:
-            self._watch_stragglers(call)
+        if len(call.plan.hosts) > 1:
+            self._multi_host_reply(call, call_id, link, m)
         return used
 
     def _remote_error(self, link, m) -> BaseException:
@@ -446,8 +448,9 @@ class ProcessExecutor(HostSet, Executor):
             if call.future.done():
                 return
             self._stats["timeouts"] += 1
-            for cid in call.call_ids:
-                self._pending.pop(cid, None)
+            if len(call.plan.hosts) == 1:  # multi-host: late replies still
+                for cid in call.call_ids:  # tell which hosts are done
+                    self._pending.pop(cid, None)
         with executor_thread():
             call.fail(ExecutorError(
                 f"{call.plan.name}: call timed out after {seconds}s on "

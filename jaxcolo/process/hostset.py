@@ -27,12 +27,15 @@ import logging
 import threading
 import time
 
+from jaxcolo import versions
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process import launch
+from jaxcolo.process.messages import Message, MessageKind
 from jaxcolo.process.hosts import HostLink
 from jaxcolo.process.results import Call
 
 log = logging.getLogger("jaxcolo.executor")
+RESUME_SINCE = versions.FEATURE_SINCE["message_resume"]
 
 
 class HostSet:
@@ -168,6 +171,28 @@ class HostSet:
         return links
 
     # -------------------------------------------------------- stragglers
+    def _multi_host_reply(self, call: Call, call_id: int, link, m) -> None:
+        """Host reply ``m`` to part ``call_id`` of multi-host ``call`` was
+        taken.  A failed part's host holds its next multi-host calls (v7
+        sessions): it is resumed once no part is running any more; and the
+        other hosts get ``straggler_timeout`` seconds to get there."""
+        failed = m.kind == MessageKind.error
+        with self._lock:
+            if failed and link.version >= RESUME_SINCE:
+                call.held.append((call_id, link))
+            if call.abandoned or any(c in self._pending
+                                     for c in call.call_ids):
+                resume = []
+            else:
+                resume, call.held = call.held, []
+        for cid, held in resume:
+            try:
+                held.send(Message(MessageKind.resume, call_id=cid))
+            except ExecutorError as e:  # lost: nothing to resume there
+                log.info("%s: resume not sent: %s", held.describe, e)
+        if failed:
+            self._watch_stragglers(call)
+
     def _watch_stragglers(self, call: Call) -> None:
         """``call`` (multi-host) failed on one of its hosts: lose the hosts
         still running it ``straggler_timeout`` seconds from now."""
@@ -187,6 +212,7 @@ class HostSet:
                      and not link.is_lost]
             if not stuck:
                 return
+            call.abandoned = True  # a held host runs no collective again
             hosts = [h for h, _ in stuck]
             reason = (f"host(s) {hosts} still ran {call.plan.name} "
                       f"{self._straggler_timeout}s after another of its "

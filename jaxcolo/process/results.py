@@ -139,7 +139,8 @@ class Call:
     """One call in flight; ``future`` gets its result."""
 
     __slots__ = ("plan", "discover", "future", "call_ids", "links", "_parts",
-                 "_remaining", "_lock", "_make_error", "_assembling")
+                 "_remaining", "_lock", "_make_error", "_assembling", "held",
+                 "abandoned")
 
     def __init__(self, plan: Plan, discover: bool, make_error):
         self.plan = plan
@@ -153,6 +154,10 @@ class Call:
         self._lock = threading.Lock()
         self._make_error = make_error
         self._assembling = False  # buffers of _parts may have views now
+        # multi-host: (call id, link) of hosts whose part failed and that
+        # hold their next multi-host calls until resumed (the executor's)
+        self.held: list = []
+        self.abandoned = False  # its stragglers were lost: never resume
 
     def wait(self):
         return self.future.result()

@@ -35,6 +35,7 @@ import traceback
 
 from jaxcolo_fb import BufferWhere, MessageKind as K
 from jaxcolo.colocated.inline import InlineExecutor
+from jaxcolo.versions import FEATURE_SINCE
 from jaxcolo.colocated.body import loads_body
 from jaxcolo.colocated.program import ProgramRef, decode_program, read_program
 from jaxcolo.errors import ExecutorError, PayloadError, UnregisteredError
@@ -43,6 +44,7 @@ from jaxcolo.process.lanes import LaneRunner, OrderedGate
 from jaxcolo.transport import blobs, channel as channel_mod
 
 log = logging.getLogger("jaxcolo.worker")
+RESUME_SINCE = FEATURE_SINCE["message_resume"]
 PROMOTE_AFTER = 0.005   # seconds a call may hold the reader thread
 
 
@@ -134,6 +136,12 @@ class Session:
         self._instance_programs: dict[int, list] = {}  # id -> program ids
         self._lanes = LaneRunner(f"jaxcolo-h{host_index}-lane")
         self._gate = OrderedGate()
+        # A multi-host call that failed here holds the gate until the
+        # controller's resume (v7): call id -> "waiting" (its gate turn has
+        # not come yet), "resumed" (... and the resume came), "holding".
+        self._hold = self.version >= RESUME_SINCE
+        self._held: dict = {}
+        self._held_lock = threading.Lock()
         self._pool = None                    # our segments, when shm works
         self._maps = blobs.SegmentMaps()     # the controller's segments
         self._released: queue.SimpleQueue = queue.SimpleQueue()
@@ -316,6 +324,8 @@ class Session:
             return False
         elif kind == K.ping:
             pass
+        elif kind == K.resume:
+            self._resume(m.call_id)
         else:
             self._refuse(f"unexpected {m.kind_name} message")
         return True
@@ -401,9 +411,12 @@ class Session:
             args = self._inputs(m, entry, get)
         except BaseException as e:
             arrays.release_unused(m, self._released)  # buffers it would use
-            if ticket is not None:
-                self._lanes.submit(m.lane, lambda: (
-                    self._gate.enter(ticket), self._gate.leave()))
+            if ticket is not None:  # its turn passes, or is held
+                if self._hold:
+                    with self._held_lock:
+                        self._held[m.call_id] = "waiting"
+                self._lanes.submit(m.lane, lambda cid=m.call_id: (
+                    self._gate.enter(ticket), self._end_turn(cid, True)))
             self._send_quietly(error_message(m.call_id, e, self.where))
             return None
         discover = m.kind == K.discover
@@ -426,6 +439,7 @@ class Session:
         if ticket is not None:
             self._gate.enter(ticket)
         packer = outs = None
+        failed = False
         try:
             if discover:
                 self.stats["discoveries"] += 1
@@ -444,6 +458,7 @@ class Session:
                                      segments=packer.segments)
             frames = packer.frames
         except BaseException as e:  # the function's (or the outputs') error
+            failed = True
             self.stats["errors"] += 1
             if packer is not None:
                 packer.abandon()
@@ -451,7 +466,7 @@ class Session:
             reply, frames = error_message(call_id, e, self.where), ()
         finally:
             if ticket is not None:
-                self._gate.leave()
+                self._end_turn(call_id, failed)
         self._send_reply(call_id, reply, frames, packer)
         if shm:
             outs = packer = reply = frames = None
@@ -461,6 +476,31 @@ class Session:
             # for a full collection, which an idle worker rarely runs.  A
             # young-generation pass (microseconds) frees them now.
             gc.collect(1)
+
+    def _end_turn(self, call_id: int, failed: bool) -> None:
+        """A multi-host call's turn ends: pass it on, or, if the call failed
+        here (v7 sessions), hold it until the controller resumes it -- the
+        other hosts may still be in its collectives, which this host's next
+        call must not join."""
+        if failed and self._hold:
+            with self._held_lock:
+                if self._held.pop(call_id, None) != "resumed":
+                    self._held[call_id] = "holding"
+                    return
+        self._gate.leave()
+
+    def _resume(self, call_id: int) -> None:
+        with self._held_lock:
+            state = self._held.get(call_id)
+            if state == "waiting":
+                self._held[call_id] = "resumed"
+            elif state == "holding":
+                del self._held[call_id]
+        if state is None or state == "resumed":
+            self._refuse(f"resume of call {call_id}, which this host does "
+                         "not hold")
+        elif state == "holding":
+            self._gate.leave()
 
     # --------------------------------------------------------- background
     def _release_loop(self) -> None:
