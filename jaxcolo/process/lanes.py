@@ -10,7 +10,9 @@ queued on the lane meanwhile goes to the pool afterwards.
 :class:`OrderedGate` makes calls that span hosts run one at a time, in the
 order they arrived.  The controller sends such calls to every host they
 span in one executor-wide order, so every host runs them -- and launches
-their cross-host collectives -- in the same order.
+their cross-host collectives -- in the same order.  :class:`HoldingGate`
+keeps the turn of a call that failed on this host until the controller says
+every other host is done with it.
 """
 
 from __future__ import annotations
@@ -153,3 +155,46 @@ class OrderedGate:
         with self._cond:
             self._broken = True
             self._cond.notify_all()
+
+
+class HoldingGate(OrderedGate):
+    """An OrderedGate whose turn, after a failed call, stays held until
+    ``resume(call_id)``: a multi-host call that failed on this host may
+    still run on the others (in collectives the next call must not join).
+
+    ``expect_hold(id)`` before the failure is reported, for a call whose
+    turn comes later (the resume may come first); ``end_turn(id, failed)``
+    when its turn ends.  With ``holding=False`` failures pass the turn on.
+    """
+
+    def __init__(self, holding: bool):
+        super().__init__()
+        self.holding = holding
+        self._held: dict = {}   # id -> "waiting" | "resumed" | "holding"
+        self._held_lock = threading.Lock()
+
+    def expect_hold(self, call_id: int) -> None:
+        if self.holding:
+            with self._held_lock:
+                self._held[call_id] = "waiting"
+
+    def end_turn(self, call_id: int, failed: bool) -> None:
+        if failed and self.holding:
+            with self._held_lock:
+                if self._held.pop(call_id, None) != "resumed":
+                    self._held[call_id] = "holding"
+                    return
+        self.leave()
+
+    def resume(self, call_id: int) -> bool:
+        """Pass on the turn held by ``call_id`` (at once, or when it ends);
+        False if this gate holds no such call."""
+        with self._held_lock:
+            state = self._held.get(call_id)
+            if state == "waiting":
+                self._held[call_id] = "resumed"
+            elif state == "holding":
+                del self._held[call_id]
+        if state == "holding":
+            self.leave()
+        return state in ("waiting", "holding")

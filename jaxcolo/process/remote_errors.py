@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import io
 import pickle
+import traceback
 
 from jaxcolo.codec.pytree import resolve_imported
+from jaxcolo.process.messages import Message, MessageKind as K
 
 _THIS = __name__
 
@@ -166,3 +168,44 @@ def loads_exception(data: bytes) -> BaseException | None:
     except Exception:  # noqa: BLE001 - any refusal: type name and text
         return None
     return exc if isinstance(exc, Exception) else None
+
+
+# ------------------------------------------------- the worker's error reply
+
+MAX_ERROR_TEXT = 1 << 20      # characters of an error's text or traceback
+MAX_ERROR_PICKLE = 16 << 20   # bytes; a bigger pickled exception is dropped
+
+
+def error_message(call_id: int, e: BaseException, where: str) -> Message:
+    """An ``error`` message carrying exception ``e`` (its text and
+    traceback clipped to MAX_ERROR_TEXT characters, the pickled exception
+    left out past MAX_ERROR_PICKLE bytes: the reply must fit in a frame)."""
+    t = type(e)
+    tb = _safely(lambda: "".join(traceback.format_exception(e)),
+                 "<the traceback could not be formatted>")
+    text = _clip(_safely(lambda: str(e), f"<{t.__qualname__}: str() failed>"))
+    # None: type name and text
+    pickled = _safely(lambda: dumps_exception(
+        e, MAX_ERROR_PICKLE, text), None)
+    return Message(
+        K.error, call_id=call_id,
+        error_type=f"{t.__module__}.{t.__qualname__}",
+        error_message=text, error_traceback=_clip(tb), error_pickle=pickled)
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_ERROR_TEXT:
+        return text
+    half = MAX_ERROR_TEXT // 2
+    return (f"{text[:half]}\n... [{len(text) - 2 * half} characters left "
+            f"out] ...\n{text[-half:]}")
+
+
+def _safely(make, fallback):
+    """``make()``, or ``fallback`` if it raises (a user's exception whose
+    __str__ or pickling fails must still get its error reply out)."""
+    try:
+        out = make()
+    except Exception:
+        return fallback
+    return out if isinstance(out, (str, bytes, type(None))) else fallback

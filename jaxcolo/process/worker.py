@@ -31,7 +31,6 @@ import os
 import queue
 import threading
 import time
-import traceback
 
 from jaxcolo_fb import BufferWhere, MessageKind as K
 from jaxcolo.colocated.inline import InlineExecutor
@@ -39,8 +38,9 @@ from jaxcolo.versions import FEATURE_SINCE
 from jaxcolo.colocated.body import loads_body
 from jaxcolo.colocated.program import ProgramRef, decode_program, read_program
 from jaxcolo.errors import ExecutorError, PayloadError, UnregisteredError
-from jaxcolo.process import arrays, messages, remote_errors
-from jaxcolo.process.lanes import LaneRunner, OrderedGate
+from jaxcolo.process import arrays, messages
+from jaxcolo.process.remote_errors import error_message
+from jaxcolo.process.lanes import HoldingGate, LaneRunner
 from jaxcolo.transport import blobs, channel as channel_mod
 
 log = logging.getLogger("jaxcolo.worker")
@@ -79,45 +79,6 @@ def _reason(e: BaseException) -> str:
     return str(e) if isinstance(e, PayloadError) else repr(e)
 
 
-MAX_ERROR_TEXT = 1 << 20      # characters of an error's text or traceback
-MAX_ERROR_PICKLE = 16 << 20   # bytes; a bigger pickled exception is dropped
-
-
-def error_message(call_id: int, e: BaseException, where: str) -> messages.Message:
-    """An ``error`` message carrying exception ``e`` (its text and
-    traceback clipped to MAX_ERROR_TEXT characters, the pickled exception
-    left out past MAX_ERROR_PICKLE bytes: the reply must fit in a frame)."""
-    t = type(e)
-    tb = _safely(lambda: "".join(traceback.format_exception(e)),
-                 "<the traceback could not be formatted>")
-    text = _clip(_safely(lambda: str(e), f"<{t.__qualname__}: str() failed>"))
-    # None: type name and text
-    pickled = _safely(lambda: remote_errors.dumps_exception(
-        e, MAX_ERROR_PICKLE, text), None)
-    return messages.Message(
-        K.error, call_id=call_id,
-        error_type=f"{t.__module__}.{t.__qualname__}",
-        error_message=text, error_traceback=_clip(tb), error_pickle=pickled)
-
-
-def _clip(text: str) -> str:
-    if len(text) <= MAX_ERROR_TEXT:
-        return text
-    half = MAX_ERROR_TEXT // 2
-    return (f"{text[:half]}\n... [{len(text) - 2 * half} characters left "
-            f"out] ...\n{text[-half:]}")
-
-
-def _safely(make, fallback):
-    """``make()``, or ``fallback`` if it raises (a user's exception whose
-    __str__ or pickling fails must still get its error reply out)."""
-    try:
-        out = make()
-    except Exception:
-        return fallback
-    return out if isinstance(out, (str, bytes, type(None))) else fallback
-
-
 class Session:
     """Serves one controller over ``channel`` until it ends.
 
@@ -135,13 +96,9 @@ class Session:
         self._programs: dict[bytes, _Program] = {}
         self._instance_programs: dict[int, list] = {}  # id -> program ids
         self._lanes = LaneRunner(f"jaxcolo-h{host_index}-lane")
-        self._gate = OrderedGate()
-        # A multi-host call that failed here holds the gate until the
-        # controller's resume (v7): call id -> "waiting" (its gate turn has
-        # not come yet), "resumed" (... and the resume came), "holding".
-        self._hold = self.version >= RESUME_SINCE
-        self._held: dict = {}
-        self._held_lock = threading.Lock()
+        # a multi-host call that failed here holds the gate until the
+        # controller's resume (sessions at v7 and later)
+        self._gate = HoldingGate(self.version >= RESUME_SINCE)
         self._pool = None                    # our segments, when shm works
         self._maps = blobs.SegmentMaps()     # the controller's segments
         self._released: queue.SimpleQueue = queue.SimpleQueue()
@@ -325,7 +282,9 @@ class Session:
         elif kind == K.ping:
             pass
         elif kind == K.resume:
-            self._resume(m.call_id)
+            if not self._gate.resume(m.call_id):
+                self._refuse(f"resume of call {m.call_id}, which this host "
+                             "does not hold")
         else:
             self._refuse(f"unexpected {m.kind_name} message")
         return True
@@ -412,11 +371,9 @@ class Session:
         except BaseException as e:
             arrays.release_unused(m, self._released)  # buffers it would use
             if ticket is not None:  # its turn passes, or is held
-                if self._hold:
-                    with self._held_lock:
-                        self._held[m.call_id] = "waiting"
+                self._gate.expect_hold(m.call_id)
                 self._lanes.submit(m.lane, lambda cid=m.call_id: (
-                    self._gate.enter(ticket), self._end_turn(cid, True)))
+                    self._gate.enter(ticket), self._gate.end_turn(cid, True)))
             self._send_quietly(error_message(m.call_id, e, self.where))
             return None
         discover = m.kind == K.discover
@@ -466,7 +423,7 @@ class Session:
             reply, frames = error_message(call_id, e, self.where), ()
         finally:
             if ticket is not None:
-                self._end_turn(call_id, failed)
+                self._gate.end_turn(call_id, failed)
         self._send_reply(call_id, reply, frames, packer)
         if shm:
             outs = packer = reply = frames = None
@@ -476,31 +433,6 @@ class Session:
             # for a full collection, which an idle worker rarely runs.  A
             # young-generation pass (microseconds) frees them now.
             gc.collect(1)
-
-    def _end_turn(self, call_id: int, failed: bool) -> None:
-        """A multi-host call's turn ends: pass it on, or, if the call failed
-        here (v7 sessions), hold it until the controller resumes it -- the
-        other hosts may still be in its collectives, which this host's next
-        call must not join."""
-        if failed and self._hold:
-            with self._held_lock:
-                if self._held.pop(call_id, None) != "resumed":
-                    self._held[call_id] = "holding"
-                    return
-        self._gate.leave()
-
-    def _resume(self, call_id: int) -> None:
-        with self._held_lock:
-            state = self._held.get(call_id)
-            if state == "waiting":
-                self._held[call_id] = "resumed"
-            elif state == "holding":
-                del self._held[call_id]
-        if state is None or state == "resumed":
-            self._refuse(f"resume of call {call_id}, which this host does "
-                         "not hold")
-        elif state == "holding":
-            self._gate.leave()
 
     # --------------------------------------------------------- background
     def _release_loop(self) -> None:
