@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, \
+    SingleDeviceSharding
 
 import jaxcolo
 from jaxcolo import versions
@@ -97,6 +98,30 @@ def test_cross_host_reduction_matches_single_process(multi_host):
     prog = jaxcolo.inspect(f.programs()[-1].payload)
     assert prog["device_ids"] == [d.id for d in devs]
 
+
+
+def _seven_on_device_5(x):
+    d = x.sharding.mesh.devices.flat[5]
+    mine = [s.device for s in x.addressable_shards]
+    parts = [jax.device_put(jnp.float32(7), d)] if d in mine else []
+    return jax.make_array_from_single_device_arrays(
+        (), SingleDeviceSharding(d), parts, dtype=jnp.float32)
+
+
+def test_single_device_output_on_another_hosts_device(multi_host):
+    """Every host packed a SingleDeviceSharding output as if it held it:
+    the hosts not owning its device failed reading it."""
+    ex, _ = multi_host
+    devs = cpu_devices()
+    x = jax.device_put(np.ones(8, np.float32),
+                       NamedSharding(Mesh(np.array(devs), ("x",)), P("x")))
+    f = jaxcolo.colocated_python(_seven_on_device_5).specialize(
+        out_specs_fn=lambda x: jax.ShapeDtypeStruct(
+            (), np.float32, sharding=SingleDeviceSharding(devs[5])))
+    with jaxcolo.use_executor(ex):
+        out = f(x)
+    assert float(out) == 7.0
+    assert out.sharding == SingleDeviceSharding(devs[5])
 
 
 def _dtype_by_host(a):

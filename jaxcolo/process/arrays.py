@@ -66,6 +66,16 @@ def _is_str(dtype) -> bool:
     return _dtype_kind(dtype) == "str"
 
 
+_ADDRESSABLE: dict = {}   # device -> its process is this one
+
+
+def _addressable(d) -> bool:
+    hit = _ADDRESSABLE.get(d)
+    if hit is None:
+        hit = _ADDRESSABLE[d] = d.process_index == jax.process_index()
+    return hit
+
+
 def _index_key(index) -> tuple:
     return tuple((s.start, s.stop, s.step) if isinstance(s, slice) else s
                  for s in index)
@@ -150,6 +160,8 @@ class Packer:
         s = self.s
         if type(sharding) is jax.sharding.SingleDeviceSharding:
             d = sharding._device
+            if devices is None and not _addressable(d):
+                return  # another host's: that host sends it
             if devices is None or d in devices:
                 s.leaf.append(leaf)
                 s.device.append(payload_id(d))
