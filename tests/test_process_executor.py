@@ -558,6 +558,36 @@ def test_timeout_covers_waiting_for_a_restart():
         assert _ok(ex) == 42 and ex.worker_pids()[0] != pid
 
 
+def _worker_config(x):
+    c = jax.config
+    return x * 0 + (int(c.jax_enable_x64) +
+                    2 * (c.jax_default_prng_impl == "rbg") +
+                    4 * (c.jax_numpy_rank_promotion == "raise"))
+
+
+def test_started_workers_get_the_controllers_jax_config():
+    """x64 (and the default PRNG impl, ...) set in code on the controller
+    did not reach the workers: float64 inputs came back float32 there, keys
+    were made by another impl."""
+    names = ("jax_enable_x64", "jax_default_prng_impl",
+             "jax_numpy_rank_promotion")
+    before = {n: getattr(jax.config, n) for n in names}
+    try:
+        jax.config.update("jax_enable_x64", True)
+        jax.config.update("jax_default_prng_impl", "rbg")
+        jax.config.update("jax_numpy_rank_promotion", "raise")
+        with jaxcolo.ProcessExecutor(num_hosts=1) as ex:
+            f = jaxcolo.colocated_python(_worker_config).specialize(
+                out_specs_fn=_identity)
+            with jaxcolo.use_executor(ex):
+                assert int(f(put(np.int32(5), cpu_devices()[0]))) == 7
+                y = f(jax.device_put(np.float64(1.5), cpu_devices()[0]))
+            assert y.dtype == np.float64 and float(y) == 7.0
+    finally:
+        for n, v in before.items():
+            jax.config.update(n, v)
+
+
 def _kill_mid_call(ex, tmp_path, devices, host):
     log = tmp_path / "runs"
 

@@ -29,6 +29,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# jax.config options that change what a function computes: a started worker
+# gets the controller's values (set in code or by environment) at its start.
+SEMANTIC_OPTIONS = (
+    "jax_enable_x64", "jax_default_prng_impl", "jax_threefry_partitionable",
+    "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion",
+    "jax_default_matmul_precision", "jax_debug_nans", "jax_debug_infs",
+    "jax_legacy_prng_key",
+)
+
+
+def config_env(env: dict) -> dict:
+    """Environment variables giving a worker this process's values of
+    SEMANTIC_OPTIONS (``env``'s variables for unset options are dropped)."""
+    import jax
+    out = {}
+    holders = getattr(jax.config, "_value_holders", {})
+    for name in SEMANTIC_OPTIONS:
+        holder = holders.get(name)
+        if holder is None:  # pragma: no cover - another JAX release
+            continue
+        value = holder.value
+        value = getattr(value, "value", value)  # str-valued enums
+        if isinstance(value, bool):
+            out[name.upper()] = "true" if value else "false"
+        elif isinstance(value, str):
+            out[name.upper()] = value
+        elif value is None:
+            env.pop(name.upper(), None)
+    return out
+
+
 class LocalWorker:
     """One worker process standing for host ``host_index``."""
 
@@ -53,6 +84,7 @@ class LocalWorker:
             [p for p in sys.path if p] +
             [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
         full_env.setdefault("JAX_PLATFORMS", "cpu")
+        full_env.update(config_env(full_env))
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                          pass_fds=(w,), env=full_env)
