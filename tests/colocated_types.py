@@ -78,3 +78,10 @@ class Coded(Exception):
 
 def raise_coded(x):
     raise Coded(7, where="the host")
+
+
+def raise_with_cause(x):
+    try:
+        {}["missing"]
+    except KeyError as e:
+        raise Coded(3, where="the lookup") from e

@@ -299,6 +299,19 @@ def test_exceptions_with_their_own_init_keep_type_and_attributes(executor):
     assert info.value.args == ("error 7 at the host",)
 
 
+def test_exceptions_keep_their_cause(executor):
+    """``raise ... from e``: the caller's exception has its __cause__ (the
+    remote one lost it)."""
+    from tests import colocated_types as ct
+
+    f = jaxcolo.colocated_python(ct.raise_with_cause).specialize(
+        out_specs_fn=lambda x: x)
+    with pytest.raises(ct.Coded, match="error 3 at the lookup") as info:
+        f(put(1, cpu_devices()[0]))
+    cause = info.value.__cause__
+    assert type(cause) is KeyError and cause.args == ("missing",)
+
+
 def test_submit_returns_futures(executor):
     f = jaxcolo.colocated_python(add_one_tree)
     x = put(1, cpu_devices()[0])

@@ -84,9 +84,9 @@ def _reference(cls: type):
     return tracked_exception_class, (tracker_id,)
 
 
-def rebuild_exception(cls, args, state):
-    """An exception of class ``cls`` with ``args`` and attributes
-    ``state`` (a dict or None)."""
+def rebuild_exception(cls, args, state, cause=None):
+    """An exception of class ``cls`` with ``args``, attributes ``state`` (a
+    dict or None) and ``__cause__`` (``raise ... from cause``)."""
     if not _is_exception_class(cls) or not isinstance(args, tuple):
         raise pickle.UnpicklingError("not an exception")
     try:
@@ -96,6 +96,8 @@ def rebuild_exception(cls, args, state):
     exc.args = args
     if state:
         exc.__dict__.update(state)
+    if isinstance(cause, BaseException):
+        exc.__cause__ = cause
     return exc
 
 
@@ -106,12 +108,21 @@ def _default_pickling(cls) -> bool:
 
 
 class _ExceptionPickler(pickle.Pickler):
+    """Pickles exception classes by reference; ``causes``: exceptions
+    rebuilt by rebuild_exception keep their ``__cause__``."""
+
+    def __init__(self, out, causes: bool):
+        super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
+        self.causes = causes
+
     def reducer_override(self, obj):
         if isinstance(obj, type) and issubclass(obj, BaseException):
             return _reference(obj)
         if isinstance(obj, Exception) and _default_pickling(type(obj)):
+            cause = obj.__cause__ if self.causes else None
             return rebuild_exception, (type(obj), obj.args,
-                                       getattr(obj, "__dict__", None) or None)
+                                       getattr(obj, "__dict__", None) or None,
+                                       cause)
         return NotImplemented
 
 
@@ -128,12 +139,16 @@ class _ExceptionUnpickler(pickle.Unpickler):
 
 
 def _dumps(obj) -> bytes | None:
-    out = io.BytesIO()
-    try:
-        _ExceptionPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    except Exception:  # noqa: BLE001 - args that do not pickle
-        return None
-    return out.getvalue()
+    """``obj`` pickled with its exceptions' causes, or without them if a
+    cause does not pickle (None if even that fails)."""
+    for causes in (True, False):
+        out = io.BytesIO()
+        try:
+            _ExceptionPickler(out, causes).dump(obj)
+        except Exception:  # noqa: BLE001 - args that do not pickle, a
+            continue       # cycle of causes (RecursionError), ...
+        return out.getvalue()
+    return None
 
 
 class _Clipped:
