@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -586,6 +587,36 @@ def test_started_workers_get_the_controllers_jax_config():
     finally:
         for n, v in before.items():
             jax.config.update(n, v)
+
+
+def _used_and_dropped():
+    ex = jaxcolo.ProcessExecutor(num_hosts=2)
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=_identity)
+    with jaxcolo.use_executor(ex):
+        assert int(f(put(np.int32(1), cpu_devices()[0]))) == 2
+        assert int(f.submit(put(np.int32(2), cpu_devices()[0])).result()) == 3
+    return weakref.ref(ex), ex.worker_pids()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_an_executor_dropped_without_close_is_collected_and_stops():
+    """Its threads held it (callbacks bound to it), so an executor dropped
+    without close() lived, with its workers, until the process exited."""
+    ref, pids = _used_and_dropped()
+    gc.collect()
+    assert ref() is None
+    deadline = time.monotonic() + 10
+    while any(_running(p) for p in pids):
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.05)
 
 
 def _kill_mid_call(ex, tmp_path, devices, host):

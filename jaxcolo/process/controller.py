@@ -57,6 +57,7 @@ from jaxcolo.process.deadlines import Deadlines, check_timeout
 from jaxcolo.process.hosts import HostLink, controller_hello
 from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
+from jaxcolo.process import lifetime
 from jaxcolo.process.results import Call, Plan, executor_thread
 from jaxcolo.transport import interrupts
 
@@ -135,6 +136,7 @@ class ProcessExecutor(HostSet, Executor):
                        "restarts": 0, "lost": 0, "timeouts": 0}
         self._workers: list = []
         self._links: list = []
+        self._owned = lifetime.Owned()  # for a finalizer, if never closed
         if num_hosts is not None:
             if num_hosts < 1 or len(self._devices) % num_hosts:
                 raise ValueError(f"{len(self._devices)} devices do not split "
@@ -151,10 +153,16 @@ class ProcessExecutor(HostSet, Executor):
                                      self._addresses]
             self._reconnect_failed: dict = {}  # host -> (time, message)
             self._connect_all()
-        self._deadlines = Deadlines(self._expired)
-        self._destroys = DestroyQueue(self._send_destroy)
+        self._deadlines = Deadlines(lifetime.weak(self._expired))
+        self._destroys = DestroyQueue(lifetime.weak(self._send_destroy))
         # Ctrl-C waits until the main thread is between messages
         self._sigint = interrupts.install()
+        owned = self._owned
+        owned.deadlines, owned.destroys = self._deadlines, self._destroys
+        owned.sigint = self._sigint
+        if self._socket_dir is not None:
+            owned.socket_dir = self._remove_socket_dir
+        self._release = weakref.finalize(self, lifetime.release, owned)
         lost = self._set_ready_unless_lost()
         if lost:
             self._ready.set()
@@ -464,6 +472,9 @@ class ProcessExecutor(HostSet, Executor):
                 return
             self._closed = True
             pending, self._pending = self._pending, {}
+            release = getattr(self, "_release", None)
+            if release is not None:
+                release.detach()  # released here, not by the finalizer
         for call, h, link in pending.values():
             call.fail(ExecutorError(
                 f"ProcessExecutor closed while this call was in flight on "

@@ -32,6 +32,7 @@ from jaxcolo.errors import ExecutorError
 from jaxcolo.process import launch
 from jaxcolo.process.messages import Message, MessageKind
 from jaxcolo.process.hosts import HostLink
+from jaxcolo.process.lifetime import weak
 from jaxcolo.process.results import Call
 
 log = logging.getLogger("jaxcolo.executor")
@@ -42,8 +43,8 @@ class HostSet:
     # ----------------------------------------------------------- start-up
     def _connect(self, index, address, pid=None) -> HostLink:
         return HostLink(index, address, self._authkey, self._hello,
-                        on_reply=self._on_reply, on_lost=self._on_lost,
-                        pid=pid, **self._opts)
+                        on_reply=weak(self._on_reply),
+                        on_lost=weak(self._on_lost), pid=pid, **self._opts)
 
     def _start_local(self) -> None:
         workers = launch.start_workers(
@@ -55,6 +56,7 @@ class HostSet:
             for w in workers:
                 links.append(self._connect(w.host_index, w.address, w.pid))
             self._workers, self._links = workers, links
+            self._owned.workers, self._owned.links = workers, links
             self._check_hosts()
         except BaseException:
             for link in links:
@@ -70,7 +72,7 @@ class HostSet:
         try:
             for i, a in enumerate(self._addresses):
                 links.append(self._connect(i, a))
-            self._links = links
+            self._links = self._owned.links = links
             self._check_hosts()
         except BaseException:
             for link in links:
