@@ -57,7 +57,7 @@ from jaxcolo.process.deadlines import Deadlines, check_timeout
 from jaxcolo.process.hosts import HostLink, controller_hello
 from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
-from jaxcolo.process import lifetime
+from jaxcolo.process import launch, lifetime
 from jaxcolo.process.results import Call, Plan, executor_thread
 from jaxcolo.transport import interrupts
 
@@ -72,9 +72,10 @@ class ProcessExecutor(HostSet, Executor):
     ``addresses``/``authkey``: connect to running workers instead.
     ``call_timeout``: default per-call timeout in seconds (None: none).
     ``lost_timeout``: a worker silent this long is lost.
-    ``straggler_timeout``: seconds the other hosts of a multi-host call
-    that failed on one host get to finish before they are lost (they may be
-    waiting in a collective for it; None: wait forever).  ``restart``:
+    ``straggler_timeout``: seconds the hosts of a multi-host call that
+    failed on one host (or timed out) get to be done with it before they
+    are lost -- they may wait in a collective that never completes (None:
+    wait forever).  ``restart``:
     restart lost local workers.  ``min_version``/``max_version``: the
     payload versions this controller speaks (default: all it can).
     ``local_transport``: how started workers are reached, ``"unix"``
@@ -86,7 +87,7 @@ class ProcessExecutor(HostSet, Executor):
                  authkey: bytes | None = None, devices=None,
                  call_timeout: float | None = None, lost_timeout: float = 10.0,
                  heartbeat: float = 1.0, start_timeout: float = 120.0,
-                 straggler_timeout: float | None = 10.0,
+                 straggler_timeout: float | None = 60.0,
                  connect_timeout: float = 10.0, restart: bool = True,
                  min_version: int | None = None,
                  max_version: int | None = None, shm: bool = True,
@@ -107,9 +108,11 @@ class ProcessExecutor(HostSet, Executor):
         self._call_timeout = check_timeout(call_timeout, "call_timeout")
         self._straggler_timeout = check_timeout(straggler_timeout,
                                                 "straggler_timeout")
-        self._wedged = None  # (reason, worker pids): running workers
+        self._wedged: dict = {}  # running workers: pid -> why it is wedged
         self._restart = restart
         self._worker_args = tuple(worker_args)
+        # jax.config as this thread sees it now, for workers (re)started
+        self._worker_env = launch.worker_env() if num_hosts else None
         if local_transport not in ("unix", "tcp"):
             raise ValueError("local_transport is 'unix' or 'tcp'")
         self._socket_dir = None
@@ -337,11 +340,17 @@ class ProcessExecutor(HostSet, Executor):
                     self._send(h, link, call, args, lane_id, False)
             else:
                 with self._ordered_lock:
-                    links = self._cluster_links(plan.hosts, call, limit)
-                    for h, link in links:
-                        if call.future.done():
-                            break  # a host was lost: never send the rest
-                        self._send(h, link, call, args, lane_id, True)
+                    call.sending = True
+                    try:
+                        links = self._cluster_links(plan.hosts, call, limit)
+                        for h, link in links:
+                            if call.future.done():
+                                break  # failed: never send the rest
+                            self._send(h, link, call, args, lane_id, True)
+                    finally:
+                        if call.future.done():  # parts sent may wait in
+                            self._watch_stragglers(call)  # collectives
+                        self._settle_multi_host(call)
         except BaseException as e:  # e.g. KeyboardInterrupt while waiting
             call.fail(e)
             if counted:
@@ -371,6 +380,8 @@ class ProcessExecutor(HostSet, Executor):
                     else:
                         self._instances.setdefault(plan.instance_id,
                                                    set()).add(h)
+            if error is None and ordered and call.future.done():
+                return  # failed meanwhile (a host's error): not sent here
             if error is None:
                 self._pending[call_id] = (call, h, link)
                 call.call_ids.append(call_id)
@@ -395,8 +406,6 @@ class ProcessExecutor(HostSet, Executor):
         except ExecutorError as e:
             self._fail_pending(call_id, ExecutorError(
                 f"{link.describe}: could not send the call: {e}"))
-            if ordered:  # hosts sent it before may wait for this one
-                self._watch_stragglers(call)
         except BaseException as e:
             if link.is_lost:  # e.g. its segment pool closed under us
                 e = ExecutorError(f"{link.describe} was lost while the call "
@@ -456,14 +465,17 @@ class ProcessExecutor(HostSet, Executor):
             if call.future.done():
                 return
             self._stats["timeouts"] += 1
-            if len(call.plan.hosts) == 1:  # multi-host: late replies still
-                for cid in call.call_ids:  # tell which hosts are done
+            multi = len(call.plan.hosts) > 1
+            if not multi:  # multi-host: late replies still tell which
+                for cid in call.call_ids:  # hosts are done with it
                     self._pending.pop(cid, None)
         with executor_thread():
             call.fail(ExecutorError(
                 f"{call.plan.name}: call timed out after {seconds}s on "
                 f"host(s) {list(call.plan.hosts)}; it may still run there, "
                 "its result will be dropped"))
+        if multi:  # still running straggler_timeout later: stuck
+            self._watch_stragglers(call)
 
     # ------------------------------------------------------------- close
     def close(self) -> None:

@@ -49,7 +49,7 @@ class HostSet:
     def _start_local(self) -> None:
         workers = launch.start_workers(
             len(self._device_map), self._device_map, self._authkey,
-            self._start_timeout, self._worker_args,
+            self._start_timeout, self._worker_args, self._worker_env,
             socket_dir=self._socket_dir)
         links = []
         try:
@@ -176,24 +176,31 @@ class HostSet:
     def _multi_host_reply(self, call: Call, call_id: int, link, m) -> None:
         """Host reply ``m`` to part ``call_id`` of multi-host ``call`` was
         taken.  A failed part's host holds its next multi-host calls (v7
-        sessions): it is resumed once no part is running any more; and the
-        other hosts get ``straggler_timeout`` seconds to get there."""
+        sessions) until resumed; the other hosts get ``straggler_timeout``
+        seconds to be done with the call."""
         failed = m.kind == MessageKind.error
+        if failed:
+            with self._lock:
+                if link.version >= RESUME_SINCE:
+                    call.held.append((call_id, link))
+            self._watch_stragglers(call)
+        self._settle_multi_host(call, sent=False)
+
+    def _settle_multi_host(self, call: Call, sent: bool = True) -> None:
+        """Resume the hosts holding for ``call`` once every part of it was
+        sent and none is running any more (never for an abandoned call)."""
         with self._lock:
-            if failed and link.version >= RESUME_SINCE:
-                call.held.append((call_id, link))
-            if call.abandoned or any(c in self._pending
-                                     for c in call.call_ids):
-                resume = []
-            else:
-                resume, call.held = call.held, []
+            if sent:
+                call.sending = False
+            if not call.held or call.sending or call.abandoned or any(
+                    c in self._pending for c in call.call_ids):
+                return
+            resume, call.held = call.held, []
         for cid, held in resume:
             try:
                 held.send(Message(MessageKind.resume, call_id=cid))
             except ExecutorError as e:  # lost: nothing to resume there
                 log.info("%s: resume not sent: %s", held.describe, e)
-        if failed:
-            self._watch_stragglers(call)
 
     def _watch_stragglers(self, call: Call) -> None:
         """``call`` (multi-host) failed on one of its hosts: lose the hosts
@@ -217,32 +224,35 @@ class HostSet:
             call.abandoned = True  # a held host runs no collective again
             hosts = [h for h, _ in stuck]
             reason = (f"host(s) {hosts} still ran {call.plan.name} "
-                      f"{self._straggler_timeout}s after another of its "
-                      "hosts failed it (waiting in a collective for that "
-                      "host, they never finish)")
-            if self._addresses is not None:
-                self._wedged = (reason, {link.pid for _, link in call.links})
+                      f"{self._straggler_timeout}s after it failed or timed "
+                      "out (if waiting in a collective for a host that gave "
+                      "up, they never finish)")
+            self._mark_wedged(call, reason)
         log.warning("%s: %s", "the cluster restarts" if self._addresses
                     is None else "the running workers' cluster is wedged",
                     reason)
         for _, link in stuck:
             link.lost(reason)
 
+    def _mark_wedged(self, call: Call, reason: str) -> None:
+        """(Under ``_lock``.)  Running workers: the processes of ``call``
+        take no multi-host call any more (until replaced)."""
+        if self._addresses is not None:
+            for _, link in call.links:
+                if link.pid:
+                    self._wedged.setdefault(link.pid, reason)
+
     def _check_not_wedged(self, links) -> None:
         """ExecutorError if a multi-host call would reach a worker process
         of a wedged cluster (running workers)."""
-        wedged = self._wedged
-        if wedged is None:
-            return
-        reason, pids = wedged
-        if any(link.pid in pids for _, link in links):
-            raise ExecutorError(
-                f"the running workers' jax.distributed cluster is wedged: "
-                f"{reason}; restart every worker process (a ProcessExecutor "
-                "reconnects), multi-host calls fail until then")
-        with self._lock:
-            if self._wedged is wedged:
-                self._wedged = None
+        for _, link in links:
+            reason = self._wedged.get(link.pid) if link.pid else None
+            if reason is not None:
+                raise ExecutorError(
+                    f"the running workers' jax.distributed cluster is "
+                    f"wedged: {reason}; restart every worker process (a "
+                    "ProcessExecutor reconnects), multi-host calls fail "
+                    "until then")
 
     # ------------------------------------------------------------ faults
     def _on_lost(self, link: HostLink, reason: str) -> None:
@@ -261,8 +271,13 @@ class HostSet:
                 other.retire()  # their own loss is not reported again
             failed = [(cid, e) for cid, e in self._pending.items()
                       if e[2] in lost]
-            for cid, _ in failed:
+            for cid, (call, _, _) in failed:
                 del self._pending[cid]
+                if len(call.plan.hosts) > 1 and not call.abandoned:
+                    # its other hosts may wait for this one's collectives
+                    call.abandoned = True
+                    self._mark_wedged(call, f"{link.describe} was lost "
+                                      f"while running {call.plan.name}")
             for iid, hosts in list(self._instances.items()):
                 if any(self._links[h] in lost for h in hosts):
                     del self._instances[iid]

@@ -39,8 +39,17 @@ SEMANTIC_OPTIONS = (
 )
 
 
+def worker_env() -> dict:
+    """This process's environment with its SEMANTIC_OPTIONS values, as this
+    thread sees them now (an executor takes it once, at its start, and
+    gives it to every worker it starts or restarts)."""
+    env = dict(os.environ)
+    env.update(config_env(env))
+    return env
+
+
 def config_env(env: dict) -> dict:
-    """Environment variables giving a worker this process's values of
+    """Environment variables giving a worker this thread's values of
     SEMANTIC_OPTIONS (``env``'s variables for unset options are dropped)."""
     import jax
     out = {}
@@ -84,7 +93,6 @@ class LocalWorker:
             [p for p in sys.path if p] +
             [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
         full_env.setdefault("JAX_PLATFORMS", "cpu")
-        full_env.update(config_env(full_env))
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                          pass_fds=(w,), env=full_env)

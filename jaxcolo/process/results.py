@@ -140,7 +140,7 @@ class Call:
 
     __slots__ = ("plan", "discover", "future", "call_ids", "links", "_parts",
                  "_remaining", "_lock", "_make_error", "_assembling", "held",
-                 "abandoned")
+                 "abandoned", "sending")
 
     def __init__(self, plan: Plan, discover: bool, make_error):
         self.plan = plan
@@ -158,6 +158,7 @@ class Call:
         # hold their next multi-host calls until resumed (the executor's)
         self.held: list = []
         self.abandoned = False  # its stragglers were lost: never resume
+        self.sending = False    # the executor is still sending its parts
 
     def wait(self):
         return self.future.result()

@@ -282,9 +282,9 @@ class Session:
         elif kind == K.ping:
             pass
         elif kind == K.resume:
-            if not self._gate.resume(m.call_id):
-                self._refuse(f"resume of call {m.call_id}, which this host "
-                             "does not hold")
+            if not self._gate.resume(m.call_id):  # e.g. its result became an
+                log.info("%s: resume of call %d, not held here",  # error
+                         self.where, m.call_id)                    # reply
         else:
             self._refuse(f"unexpected {m.kind_name} message")
         return True
