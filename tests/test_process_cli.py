@@ -167,6 +167,55 @@ def _sum_unless_host0_refuses(x):
         x.sharding.mesh, P()))(x)
 
 
+def test_a_host_lost_during_a_failed_multi_host_call_marks_the_cluster_wedged(
+        keyfile):
+    """Host 0 failed a call whose collective host 1 waited in; then host
+    1's connection dropped.  Host 0 held its multi-host calls for a resume
+    that never came, and nothing said why: later multi-host calls hung.
+    Now the cluster is marked wedged at once."""
+    from tests.throttle import ThrottledProxy
+
+    coord = f"127.0.0.1:{free_port()}"
+    procs = [_start(keyfile, "--num-hosts", "2", "--host-index", str(i),
+                    "--coordinator", coord) for i in range(2)]
+    proxy = None
+    try:
+        addrs = [_address(p) for p in procs]
+        proxy = ThrottledProxy(addrs[1], rate=None)
+        devs = cpu_devices()
+        x = jax.device_put(np.arange(8.0), NamedSharding(
+            Mesh(np.array(devs), ("x",)), P("x")))
+        refuse = jaxcolo.colocated_python(_sum_unless_host0_refuses)
+        with jaxcolo.ProcessExecutor(addresses=[addrs[0], proxy.address],
+                                     authkey=keyfile.read_bytes(),
+                                     straggler_timeout=None) as ex, \
+                jaxcolo.use_executor(ex), ex.timeout(20):
+            assert float(refuse(x)) == 28.0
+            with pytest.raises(ValueError, match="host 0 refuses"):
+                refuse(-(x + 1))
+            proxy.drop()  # host 1's connection fails mid-call
+            deadline = time.monotonic() + 10
+            while not ex._links[1].is_lost:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            t0 = time.monotonic()
+            with pytest.raises(jaxcolo.ExecutorError,
+                               match=r"cluster is wedged: host 1 .* was lost "
+                                     r"while running _sum_unless_host0_"):
+                refuse(x)
+            assert time.monotonic() - t0 < 10
+            y = jax.device_put(np.float32(3), devs[0])
+            one = jaxcolo.colocated_python(lambda v: v * 2)
+            assert float(one(y)) == 6.0  # single-host calls go on
+    finally:
+        if proxy is not None:
+            proxy.close()
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(10)
+
+
 @pytest.mark.parametrize("args,reason", [
     (["--host-index", "-1"], "--host-index must be in 0..0"),
     (["--num-hosts", "0"], "--num-hosts must be >= 1"),

@@ -34,7 +34,7 @@ class ThrottledProxy:
 
     @staticmethod
     def _pump(src, dst, rate):
-        chunk = 65536 if rate is None else max(1, int(rate / 50))
+        chunk = 65536 if rate is None else max(1, min(65536, int(rate / 50)))
         try:
             while True:
                 data = src.recv(chunk)
@@ -46,6 +46,16 @@ class ThrottledProxy:
         except OSError:
             pass
         for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def drop(self):
+        """Cut every connection made so far (a network failure); new ones
+        are still accepted."""
+        socks, self._socks = self._socks, []
+        for s in socks:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
