@@ -39,6 +39,14 @@ log = logging.getLogger("jaxcolo.executor")
 RESUME_SINCE = versions.FEATURE_SINCE["message_resume"]
 
 
+def _send_resumes(resume) -> None:
+    for cid, held in resume:
+        try:
+            held.send(Message(MessageKind.resume, call_id=cid))
+        except ExecutorError as e:  # lost: nothing to resume there
+            log.info("%s: resume not sent: %s", held.describe, e)
+
+
 class HostSet:
     # ----------------------------------------------------------- start-up
     def _connect(self, index, address, pid=None) -> HostLink:
@@ -196,11 +204,9 @@ class HostSet:
                     c in self._pending for c in call.call_ids):
                 return
             resume, call.held = call.held, []
-        for cid, held in resume:
-            try:
-                held.send(Message(MessageKind.resume, call_id=cid))
-            except ExecutorError as e:  # lost: nothing to resume there
-                log.info("%s: resume not sent: %s", held.describe, e)
+        # not on this (reader) thread: a held link may be busy sending
+        threading.Thread(target=_send_resumes, args=(resume,), daemon=True,
+                         name="jaxcolo-resume").start()
 
     def _watch_stragglers(self, call: Call) -> None:
         """``call`` (multi-host) failed on one of its hosts: lose the hosts
