@@ -108,7 +108,8 @@ class ProcessExecutor(HostSet, Executor):
         self._call_timeout = check_timeout(call_timeout, "call_timeout")
         self._straggler_timeout = check_timeout(straggler_timeout,
                                                 "straggler_timeout")
-        self._wedged: dict = {}  # running workers: pid -> why it is wedged
+        self._wedged: dict = {}  # running workers: (address, pid) -> why
+        self._holding: set = set()  # multi-host calls hosts hold after
         self._restart = restart
         self._worker_args = tuple(worker_args)
         # jax.config as this thread sees it now, for workers (re)started
@@ -348,9 +349,7 @@ class ProcessExecutor(HostSet, Executor):
                                 break  # failed: never send the rest
                             self._send(h, link, call, args, lane_id, True)
                     finally:
-                        if call.future.done():  # parts sent may wait in
-                            self._watch_stragglers(call)  # collectives
-                        self._settle_multi_host(call)
+                        self._sent_multi_host(call)
         except BaseException as e:  # e.g. KeyboardInterrupt while waiting
             call.fail(e)
             if counted:
@@ -397,16 +396,21 @@ class ProcessExecutor(HostSet, Executor):
             for i, x in enumerate(args):
                 packer.add(i, x, devices)
             link.expect_reply()
-            link.send(messages.Message(
+            message = messages.Message(
                 messages.MessageKind.discover if call.discover
                 else messages.MessageKind.call, call_id=call_id,
                 lane=lane_id, program_id=plan.ref.id, shards=packer.finish(),
-                segments=packer.segments, ordered=ordered), packer.frames)
-            packer = None  # sent: the worker gives the leases back
+                segments=packer.segments, ordered=ordered)
+            with interrupts.CRITICAL:  # Ctrl-C: after it is sent and known
+                link.send(message, packer.frames)  # to be (the reply is
+                packer = None                      # awaited, the worker
+                call.sent_parts += 1               # returns the leases)
         except ExecutorError as e:
             self._fail_pending(call_id, ExecutorError(
                 f"{link.describe}: could not send the call: {e}"))
         except BaseException as e:
+            if packer is None:  # sent: its reply comes; the call fails
+                raise           # with e in _start
             if link.is_lost:  # e.g. its segment pool closed under us
                 e = ExecutorError(f"{link.describe} was lost while the call "
                                   f"was being sent ({e!r})")

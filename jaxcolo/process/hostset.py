@@ -191,8 +191,38 @@ class HostSet:
             with self._lock:
                 if link.version >= RESUME_SINCE:
                     call.held.append((call_id, link))
+                    self._holding.add(call)
             self._watch_stragglers(call)
         self._settle_multi_host(call, sent=False)
+
+    def _sent_multi_host(self, call: Call) -> None:
+        """The send loop of multi-host ``call`` ended.  Sent to some of its
+        hosts only (a failed send, Ctrl-C), with a part still running: that
+        host may wait in a collective the others never join, and they have
+        no hold, so their next call would join it -- the hosts are lost at
+        once (local: a restart; running workers: wedged)."""
+        with self._lock:
+            running = [(h, link) for cid, (h, link) in
+                       zip(call.call_ids, call.links)
+                       if cid in self._pending and not link.is_lost]
+            partial = (call.sent_parts < len(call.plan.hosts) and running
+                       and not call.abandoned)
+            if partial:
+                call.abandoned = True
+                self._holding.discard(call)
+                reason = (f"{call.plan.name} reached host(s) "
+                          f"{[h for h, _ in running]} but not all of its "
+                          "hosts (their collectives would pair with the "
+                          "next call's)")
+                self._mark_wedged(call, reason)
+        if partial:
+            log.warning("%s", reason)
+            for _, link in running:
+                link.lost(reason)
+            return
+        if call.future.done():  # failed: parts still running may wait in
+            self._watch_stragglers(call)  # collectives for the others
+        self._settle_multi_host(call)
 
     def _settle_multi_host(self, call: Call, sent: bool = True) -> None:
         """Resume the hosts holding for ``call`` once every part of it was
@@ -204,6 +234,7 @@ class HostSet:
                     c in self._pending for c in call.call_ids):
                 return
             resume, call.held = call.held, []
+            self._holding.discard(call)
         # not on this (reader) thread: a held link may be busy sending
         threading.Thread(target=_send_resumes, args=(resume,), daemon=True,
                          name="jaxcolo-resume").start()
@@ -228,6 +259,7 @@ class HostSet:
             if not stuck:
                 return
             call.abandoned = True  # a held host runs no collective again
+            self._holding.discard(call)
             hosts = [h for h, _ in stuck]
             reason = (f"host(s) {hosts} still ran {call.plan.name} "
                       f"{self._straggler_timeout}s after it failed or timed "
@@ -246,13 +278,14 @@ class HostSet:
         if self._addresses is not None:
             for _, link in call.links:
                 if link.pid:
-                    self._wedged.setdefault(link.pid, reason)
+                    self._wedged.setdefault((link.address, link.pid), reason)
 
     def _check_not_wedged(self, links) -> None:
         """ExecutorError if a multi-host call would reach a worker process
         of a wedged cluster (running workers)."""
         for _, link in links:
-            reason = self._wedged.get(link.pid) if link.pid else None
+            reason = self._wedged.get((link.address, link.pid)) \
+                if link.pid else None
             if reason is not None:
                 raise ExecutorError(
                     f"the running workers' jax.distributed cluster is "
@@ -282,8 +315,17 @@ class HostSet:
                 if len(call.plan.hosts) > 1 and not call.abandoned:
                     # its other hosts may wait for this one's collectives
                     call.abandoned = True
+                    self._holding.discard(call)
                     self._mark_wedged(call, f"{link.describe} was lost "
                                       f"while running {call.plan.name}")
+            for call in list(self._holding):
+                if any(held in lost for _, held in call.held) and \
+                        not call.abandoned:  # its hold ends with the
+                    call.abandoned = True    # session: others may join
+                    self._mark_wedged(call, f"{link.describe}, holding "
+                                      f"after {call.plan.name} failed "
+                                      "there, was lost")
+                    self._holding.discard(call)
             for iid, hosts in list(self._instances.items()):
                 if any(self._links[h] in lost for h in hosts):
                     del self._instances[iid]

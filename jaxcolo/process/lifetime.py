@@ -43,6 +43,18 @@ class Owned:
 
 
 def release(owned: Owned) -> None:
+    """The finalizer: ``release_now`` on the main thread (at interpreter
+    exit, say), else on a thread of its own -- a collection may run on one
+    of the executor's threads while it holds a lock the shutdown needs."""
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        release_now(owned)
+    else:
+        threading.Thread(target=release_now, args=(owned,),
+                         name="jaxcolo-release").start()
+
+
+def release_now(owned: Owned) -> None:
     """Shut down what ``owned`` lists (never raises: a finalizer)."""
     from jaxcolo.transport import interrupts
     steps = [getattr(owned.destroys, "close", None),

@@ -140,7 +140,7 @@ class Call:
 
     __slots__ = ("plan", "discover", "future", "call_ids", "links", "_parts",
                  "_remaining", "_lock", "_make_error", "_assembling", "held",
-                 "abandoned", "sending")
+                 "abandoned", "sending", "sent_parts")
 
     def __init__(self, plan: Plan, discover: bool, make_error):
         self.plan = plan
@@ -159,6 +159,7 @@ class Call:
         self.held: list = []
         self.abandoned = False  # its stragglers were lost: never resume
         self.sending = False    # the executor is still sending its parts
+        self.sent_parts = 0     # parts that went out
 
     def wait(self):
         return self.future.result()
