@@ -142,6 +142,17 @@ def test_hosts_discovering_different_specs_is_an_error(two_hosts):
                                r"and 1 returned outputs of different specs"):
                 f(x)
     assert _ok(two_hosts) == 42
+    # with shared-memory outputs: their leases come back (they leaked)
+    big = jax.device_put(jnp.zeros(8 << 17), x.sharding)  # 512 KiB a shard
+    with jaxcolo.use_executor(two_hosts):
+        for _ in range(3):
+            with pytest.raises(ValueError, match="different specs"):
+                jaxcolo.colocated_python(_dtype_by_host)(big)
+    deadline = time.monotonic() + 20
+    while any(h.get("leased") for h in two_hosts.stats()["hosts"]):
+        assert time.monotonic() < deadline, two_hosts.stats()["hosts"]
+        time.sleep(0.1)
+
 
 def test_single_host_calls_of_a_multi_host_executor(multi_host):
     ex, hosts = multi_host
@@ -526,7 +537,7 @@ def test_timeout_covers_waiting_for_another_threads_discovery(one_host):
         t0 = time.monotonic()
         with one_host.timeout(0.3), pytest.raises(
                 jaxcolo.ExecutorError,
-                match=r"^slow_first: call timed out after 0.3s waiting for "
+                match=r"^slow_first: call timed out waiting for "
                       "another thread's first call to discover the output "
                       "specs; it was not sent$"):
             f(x)
@@ -630,6 +641,31 @@ def test_an_executor_dropped_without_close_is_collected_and_stops():
     while any(_running(p) for p in pids):
         assert time.monotonic() < deadline, pids
         time.sleep(0.05)
+
+
+def _one_second(x):
+    time.sleep(1.0)
+    return x
+
+
+def test_timeout_counts_the_wait_for_another_threads_discovery(one_host):
+    """After waiting for another thread's discovery, the call got its whole
+    timeout again: a 1.5 s timeout took 2 s."""
+    f = jaxcolo.colocated_python(_one_second)
+    x = put(1, cpu_devices()[0])
+    with jaxcolo.use_executor(one_host):
+        first = threading.Thread(target=lambda: f(x))
+        first.start()
+        deadline = time.monotonic() + 10
+        while not any(sp._discovering for sp in f._cache.values()):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        with one_host.timeout(1.5), pytest.raises(jaxcolo.ExecutorError,
+                                                  match="timed out"):
+            f(x)
+        assert time.monotonic() - t0 < 1.9
+        first.join(30)
 
 
 def _kill_mid_call(ex, tmp_path, devices, host):
@@ -976,6 +1012,23 @@ def test_a_multi_host_call_failing_without_collectives_resumes(two_hosts,
             assert float(f(make(k))) == 8.0 * k
     assert two_hosts.worker_pids() == pids
     assert two_hosts.stats()["restarts"] == restarts
+
+
+def test_failed_multi_host_calls_keep_nothing_alive(two_hosts):
+    """Each failed multi-host call started a 60 s timer thread holding the
+    call -- its exception, traceback and inputs -- until it fired."""
+    f, make = _sum_program()
+    g = jaxcolo.colocated_python(_raise_on((0,))).specialize(
+        out_specs_fn=lambda x: x)
+    with jaxcolo.use_executor(two_hosts):
+        with pytest.raises(KeyError):
+            g(make(1))
+        threads = threading.active_count()
+        for k in range(20):
+            with pytest.raises(KeyError):
+                g(make(k))
+        assert float(f(make(2))) == 16.0
+    assert threading.active_count() < threads + 5
 
 
 def _wait_stopped(pid: int, timeout: float = 10.0) -> None:

@@ -101,6 +101,11 @@ class Executor(abc.ABC):
     def close(self) -> None:
         ...
 
+    def timeout(self, seconds: float | None):
+        """Context: this thread's calls inside time out after ``seconds``
+        (executors without timeouts ignore it)."""
+        return contextlib.nullcontext(self)
+
     def call_timeout(self) -> float | None:
         """Seconds a call this thread makes now may take, waits included
         (None: no limit).  Callers bound their own waits for the call (for

@@ -22,6 +22,7 @@ reused by every specialisation.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import threading
@@ -177,23 +178,26 @@ class Specialized:
             return list(self._discovery.values()) + list(self.programs.values())
 
     # ---------------------------------------------------------- discovery
-    def discover(self, executor, leaves, lane):
+    def discover(self, executor, leaves, lane, deadline=None):
         """Run the discovery program (single-flight per specialisation).
 
         Returns the call's outputs, or SPECS_KNOWN if the out specs became
         known while waiting (the caller then makes a normal call; a
-        function's outputs may well be None).
+        function's outputs may well be None).  ``deadline`` (monotonic
+        time, from ``call_deadline``): when the call's timeout ends, waits
+        included.
         """
         with self._cond:
             if self.out_treedef is None and self._discovering:
-                self._wait_for_discovery(executor.call_timeout())
+                self._wait_for_discovery(deadline)
             if self.out_treedef is not None:
                 return SPECS_KNOWN
             self._discovering = True
         try:
             version = executor.payload_version
             ref = self.discovery_program(version)
-            outs, payload = executor.discover(ref, leaves, lane=lane)
+            with time_left(executor, deadline, self.name):
+                outs, payload = executor.discover(ref, leaves, lane=lane)
             tree = spec_tree.decode_spec_tree(payload)
             with self._lock:
                 self._set_out_specs(tree, "discovered output spec")
@@ -210,19 +214,37 @@ class Specialized:
                 self._cond.notify_all()
 
 
-    def _wait_for_discovery(self, timeout: float | None) -> None:
+    def _wait_for_discovery(self, deadline: float | None) -> None:
         """Wait (holding ``_cond``) while another thread discovers; an
-        ExecutorError after ``timeout`` seconds (the caller's call timeout)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        ExecutorError at ``deadline`` (the end of the caller's timeout)."""
         while self.out_treedef is None and self._discovering:
             remaining = None if deadline is None else \
                 deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise ExecutorError(
-                    f"{self.name}: call timed out after {timeout}s waiting "
-                    "for another thread's first call to discover the output "
-                    "specs; it was not sent")
+                    f"{self.name}: call timed out waiting for another "
+                    "thread's first call to discover the output specs; it "
+                    "was not sent")
             self._cond.wait(remaining)
+
+
+def call_deadline(executor) -> float | None:
+    """When a call made now by this thread must be done (its executor's
+    ``call_timeout()`` from now), or None."""
+    timeout = executor.call_timeout()
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def time_left(executor, deadline, name: str):
+    """Context: the executor's calls inside get what is left until
+    ``deadline`` as their timeout (ExecutorError if nothing is)."""
+    if deadline is None:
+        return contextlib.nullcontext()
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise ExecutorError(f"{name}: call timed out before it could be "
+                            "sent (waiting for the output specs)")
+    return executor.timeout(remaining)
 
 
 # Specialized.discover's answer when another thread discovered the specs.
@@ -289,10 +311,14 @@ class ColocatedFunction:
             ex.payload_version)
         lane = _get_ident()
         if ref is None:
-            out = sp.discover(ex, leaves, lane)
+            deadline = call_deadline(ex)
+            out = sp.discover(ex, leaves, lane, deadline)
             if out is not SPECS_KNOWN:
                 return out
             ref = sp.program(ex.payload_version)
+            with time_left(ex, deadline, sp.name):  # the rest of its time
+                return sp.out_treedef.unflatten(ex.call(
+                    ref, leaves, lane=lane, checked=True))
         # checked: the signature cache matched these leaves to sp's specs
         return sp.out_treedef.unflatten(ex.call(ref, leaves, lane=lane,
                                                 checked=True))
@@ -309,9 +335,11 @@ class ColocatedFunction:
             outer = Future()
             outer.set_running_or_notify_cancel()
             try:
-                out = sp.discover(ex, leaves, lane)
+                deadline = call_deadline(ex)
+                out = sp.discover(ex, leaves, lane, deadline)
                 if out is SPECS_KNOWN:
-                    return self.submit(*args, **kwargs)
+                    with time_left(ex, deadline, sp.name):
+                        return self.submit(*args, **kwargs)
                 outer.set_result(out)
             except Exception as e:
                 outer.set_exception(e)

@@ -157,7 +157,8 @@ class ProcessExecutor(HostSet, Executor):
                                      self._addresses]
             self._reconnect_failed: dict = {}  # host -> (time, message)
             self._connect_all()
-        self._deadlines = Deadlines(lifetime.weak(self._expired))
+        self._deadlines = Deadlines(lifetime.weak(self._expired),
+                                    lifetime.weak(self._check_stragglers))
         self._destroys = DestroyQueue(lifetime.weak(self._send_destroy))
         # Ctrl-C waits until the main thread is between messages
         self._sigint = interrupts.install()
@@ -344,9 +345,12 @@ class ProcessExecutor(HostSet, Executor):
                     call.sending = True
                     try:
                         links = self._cluster_links(plan.hosts, call, limit)
+                        # A host's error reply does not stop the loop:
+                        # every host gets the call (the failed one holds
+                        # until all are done); a failed send does.
                         for h, link in links:
-                            if call.future.done():
-                                break  # failed: never send the rest
+                            if call.send_broken or call.abandoned:
+                                break
                             self._send(h, link, call, args, lane_id, True)
                     finally:
                         self._sent_multi_host(call)
@@ -379,13 +383,14 @@ class ProcessExecutor(HostSet, Executor):
                     else:
                         self._instances.setdefault(plan.instance_id,
                                                    set()).add(h)
-            if error is None and ordered and call.future.done():
-                return  # failed meanwhile (a host's error): not sent here
+            if error is None and ordered and call.abandoned:
+                return  # its hosts were lost meanwhile: not sent here
             if error is None:
                 self._pending[call_id] = (call, h, link)
                 call.call_ids.append(call_id)
                 call.links.append((h, link))
         if error is not None:
+            call.send_broken = True
             call.fail(error)
             return
         packer = None
@@ -406,11 +411,13 @@ class ProcessExecutor(HostSet, Executor):
                 packer = None                      # awaited, the worker
                 call.sent_parts += 1               # returns the leases)
         except ExecutorError as e:
+            call.send_broken = True
             self._fail_pending(call_id, ExecutorError(
                 f"{link.describe}: could not send the call: {e}"))
         except BaseException as e:
             if packer is None:  # sent: its reply comes; the call fails
                 raise           # with e in _start
+            call.send_broken = True
             if link.is_lost:  # e.g. its segment pool closed under us
                 e = ExecutorError(f"{link.describe} was lost while the call "
                                   f"was being sent ({e!r})")

@@ -16,6 +16,7 @@ import math
 import numbers
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Callable
 
@@ -34,8 +35,13 @@ def check_timeout(seconds, what: str):
 
 
 class Deadlines:
-    def __init__(self, on_expired: Callable):
+    """Also checks: ``check(obj, seconds)`` hands ``obj`` -- held weakly,
+    so a check keeps nothing alive -- to ``on_check(obj)`` after
+    ``seconds`` if it still exists."""
+
+    def __init__(self, on_expired: Callable, on_check: Callable = None):
         self._on_expired = on_expired
+        self._on_check = on_check
         self._heap: list = []
         self._seq = itertools.count()
         self._compact_at = 1024
@@ -56,10 +62,18 @@ class Deadlines:
         with self._cv:
             heap = self._heap
             if len(heap) >= self._compact_at:
-                heap[:] = [e for e in heap if e[2] is not None]
+                heap[:] = [e for e in heap if e[2] is not None and
+                           (e[3] is not None or e[2]() is not None)]
                 heapq.heapify(heap)
                 self._compact_at = max(1024, 2 * len(heap))
             heapq.heappush(heap, entry)
+            self._cv.notify()
+
+    def check(self, obj, seconds: float) -> None:
+        entry = [time.monotonic() + seconds, next(self._seq),
+                 weakref.ref(obj), None]
+        with self._cv:
+            heapq.heappush(self._heap, entry)
             self._cv.notify()
 
     def __len__(self) -> int:
@@ -72,20 +86,29 @@ class Deadlines:
 
     def _run(self) -> None:
         heap = self._heap
+        call = obj = None
         while True:
-            expired = []
+            expired, checks = [], []
             with self._cv:
                 if self._closed:
                     return
                 now = time.monotonic()
                 while heap and heap[0][0] <= now:
                     _, _, call, seconds = heapq.heappop(heap)
-                    if call is not None and not call.future.done():
+                    if seconds is None:  # a check: ``call`` is a weakref
+                        obj = call()
+                        if obj is not None:
+                            checks.append(obj)
+                    elif call is not None and not call.future.done():
                         expired.append((call, seconds))
-                if not expired:
+                if not expired and not checks:
+                    call = obj = None  # nothing is kept while waiting
                     self._cv.wait(min(heap[0][0] - now, threading.TIMEOUT_MAX)
                                   if heap else None)
                     continue
             # never under the lock: failing a call runs its callbacks
             for call, seconds in expired:
                 self._on_expired(call, seconds)
+            for obj in checks:
+                self._on_check(obj)
+            expired = checks = call = obj = None

@@ -242,12 +242,10 @@ class HostSet:
     def _watch_stragglers(self, call: Call) -> None:
         """``call`` (multi-host) failed on one of its hosts: lose the hosts
         still running it ``straggler_timeout`` seconds from now."""
-        if self._straggler_timeout is None or self._closed:
+        if self._straggler_timeout is None or self._closed or call.watched:
             return
-        timer = threading.Timer(self._straggler_timeout,
-                                self._check_stragglers, (call,))
-        timer.daemon = True
-        timer.start()
+        call.watched = True  # (held weakly: once no part runs, it may go)
+        self._deadlines.check(call, self._straggler_timeout)
 
     def _check_stragglers(self, call: Call) -> None:
         with self._lock:

@@ -140,7 +140,8 @@ class Call:
 
     __slots__ = ("plan", "discover", "future", "call_ids", "links", "_parts",
                  "_remaining", "_lock", "_make_error", "_assembling", "held",
-                 "abandoned", "sending", "sent_parts")
+                 "abandoned", "sending", "sent_parts", "watched",
+                 "send_broken", "__weakref__")
 
     def __init__(self, plan: Plan, discover: bool, make_error):
         self.plan = plan
@@ -160,6 +161,8 @@ class Call:
         self.abandoned = False  # its stragglers were lost: never resume
         self.sending = False    # the executor is still sending its parts
         self.sent_parts = 0     # parts that went out
+        self.watched = False    # a straggler check is scheduled
+        self.send_broken = False  # a part could not be sent
 
     def wait(self):
         return self.future.result()
@@ -226,23 +229,30 @@ class Call:
                     f"{self.plan.name}: hosts {h0} and {h} returned outputs "
                     f"of different specs: {tree} vs {other}")
 
+    def _discovered_layouts(self, parts):
+        specs = parts[0][0].specs
+        if specs is None:
+            raise PayloadError("discovery result without specs", "$.specs")
+        tree = spec_tree.decode_spec_tree(specs)
+        self._check_hosts_agree(parts, specs, tree)
+        leaves = jtu.tree_leaves(tree)
+        for i, s in enumerate(leaves):
+            if type(s) is not jax.ShapeDtypeStruct or s.sharding is None:
+                raise PayloadError(f"discovered spec {i} is not a "
+                                   "ShapeDtypeStruct with a sharding",
+                                   "$.specs")
+        return specs, [arrays.Layout(s, False) for s in leaves]
+
     def _assemble(self):
         parts = [self._parts[h] for h in self.plan.hosts]
         specs = None
         if self.discover:
-            specs = parts[0][0].specs
-            if specs is None:
-                raise PayloadError("discovery result without specs",
-                                   "$.specs")
-            tree = spec_tree.decode_spec_tree(specs)
-            self._check_hosts_agree(parts, specs, tree)
-            leaves = jtu.tree_leaves(tree)
-            for i, s in enumerate(leaves):
-                if type(s) is not jax.ShapeDtypeStruct or s.sharding is None:
-                    raise PayloadError(f"discovered spec {i} is not a "
-                                       "ShapeDtypeStruct with a sharding",
-                                       "$.specs")
-            layouts = [arrays.Layout(s, False) for s in leaves]
+            try:  # nothing is viewed yet: on failure every lease goes back
+                specs, layouts = self._discovered_layouts(parts)
+            except BaseException:
+                for m, _, link in parts:
+                    link.release_unused(m)
+                raise
         else:
             layouts = self.plan.out_layouts
         merged = [dict() for _ in layouts]
