@@ -317,7 +317,7 @@ class ProcessExecutor(HostSet, Executor):
         started = time.monotonic()
         limit = None if timeout is None else (started + timeout, timeout)
         lane_id = self._lane(lane)
-        call = Call(plan, discover, self._remote_error)
+        call = Call(plan, discover, remote_errors.exception_from_reply)
         destroys = self._destroys
         iid = plan.instance_id
         counted = False
@@ -442,23 +442,6 @@ class ProcessExecutor(HostSet, Executor):
         if len(call.plan.hosts) > 1:
             self._multi_host_reply(call, call_id, link, m)
         return used
-
-    def _remote_error(self, link, m) -> BaseException:
-        exc = None
-        if m.error_pickle:  # exception classes known here, nothing else
-            exc = remote_errors.loads_exception(m.error_pickle)
-        note = (f"Remote traceback from {link.describe}:\n"
-                f"{m.error_traceback}") if m.error_traceback else None
-        if exc is not None and note is not None:
-            try:
-                exc.add_note(note)
-            except Exception:  # noqa: BLE001 - e.g. __notes__ not a list
-                exc = None
-        if exc is None:
-            exc = ExecutorError(f"{m.error_type}: {m.error_message}")
-            if note is not None:
-                exc.add_note(note)
-        return exc
 
     def _check_instance(self, plan) -> None:
         if plan.instance_id in self._destroyed:

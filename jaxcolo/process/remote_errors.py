@@ -29,6 +29,7 @@ import pickle
 import traceback
 
 from jaxcolo.codec.pytree import resolve_imported
+from jaxcolo.errors import ExecutorError
 from jaxcolo.process.messages import Message, MessageKind as K
 
 _THIS = __name__
@@ -183,6 +184,28 @@ def loads_exception(data: bytes) -> BaseException | None:
     except Exception:  # noqa: BLE001 - any refusal: type name and text
         return None
     return exc if isinstance(exc, Exception) else None
+
+
+def exception_from_reply(link, m) -> BaseException:
+    """The exception to raise in the caller for error reply ``m`` from
+    ``link``: the remote exception rebuilt when it can be, else an
+    ExecutorError naming its type and text; the remote traceback as a
+    note."""
+    exc = None
+    if m.error_pickle:  # exception classes known here, nothing else
+        exc = loads_exception(m.error_pickle)
+    note = (f"Remote traceback from {link.describe}:\n"
+            f"{m.error_traceback}") if m.error_traceback else None
+    if exc is not None and note is not None:
+        try:
+            exc.add_note(note)
+        except Exception:  # noqa: BLE001 - e.g. __notes__ not a list
+            exc = None
+    if exc is None:
+        exc = ExecutorError(f"{m.error_type}: {m.error_message}")
+        if note is not None:
+            exc.add_note(note)
+    return exc
 
 
 # ------------------------------------------------- the worker's error reply
