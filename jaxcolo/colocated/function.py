@@ -225,7 +225,8 @@ class Specialized:
                     f"{self.name}: call timed out waiting for another "
                     "thread's first call to discover the output specs; it "
                     "was not sent")
-            self._cond.wait(remaining)
+            self._cond.wait(None if remaining is None else
+                            min(remaining, threading.TIMEOUT_MAX))
 
 
 def call_deadline(executor) -> float | None:

@@ -55,7 +55,7 @@ from jaxcolo.errors import ExecutorError
 from jaxcolo.process import arrays, messages, remote_errors
 from jaxcolo.process.deadlines import Deadlines, check_timeout
 from jaxcolo.process.hosts import HostLink, controller_hello
-from jaxcolo.process.hostset import HostSet
+from jaxcolo.process.hostset import RESUME_SINCE, HostSet
 from jaxcolo.process.instances import DestroyQueue
 from jaxcolo.process import launch, lifetime
 from jaxcolo.process.results import Call, Plan, executor_thread
@@ -345,11 +345,13 @@ class ProcessExecutor(HostSet, Executor):
                     call.sending = True
                     try:
                         links = self._cluster_links(plan.hosts, call, limit)
-                        # A host's error reply does not stop the loop:
-                        # every host gets the call (the failed one holds
-                        # until all are done); a failed send does.
+                        # Every host gets it, also after one failed it
+                        # (that one holds), unless a host cannot hold (v<7)
+                        holds = all(link.version >= RESUME_SINCE
+                                    for _, link in links)
                         for h, link in links:
-                            if call.send_broken or call.abandoned:
+                            if call.send_broken or call.abandoned or (
+                                    call.future.done() and not holds):
                                 break
                             self._send(h, link, call, args, lane_id, True)
                     finally:

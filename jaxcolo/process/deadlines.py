@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import math
 import numbers
 import threading
@@ -19,6 +20,8 @@ import time
 import weakref
 from concurrent.futures import Future
 from typing import Callable
+
+log = logging.getLogger("jaxcolo.executor")
 
 
 def check_timeout(seconds, what: str):
@@ -32,6 +35,15 @@ def check_timeout(seconds, what: str):
                          f"got {seconds!r}")
     seconds = float(seconds)
     return None if seconds == math.inf else seconds
+
+
+def _safely(fn, *args) -> None:
+    """The deadline thread outlives any one callback's failure (else no
+    call would time out any more)."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - logged, the thread goes on
+        log.exception("a deadline callback failed")
 
 
 class Deadlines:
@@ -108,7 +120,7 @@ class Deadlines:
                     continue
             # never under the lock: failing a call runs its callbacks
             for call, seconds in expired:
-                self._on_expired(call, seconds)
+                _safely(self._on_expired, call, seconds)
             for obj in checks:
-                self._on_check(obj)
+                _safely(self._on_check, obj)
             expired = checks = call = obj = None

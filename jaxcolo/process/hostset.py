@@ -189,7 +189,7 @@ class HostSet:
         failed = m.kind == MessageKind.error
         if failed:
             with self._lock:
-                if link.version >= RESUME_SINCE:
+                if link.version >= RESUME_SINCE and not call.abandoned:
                     call.held.append((call_id, link))
                     self._holding.add(call)
             self._watch_stragglers(call)
@@ -242,7 +242,8 @@ class HostSet:
     def _watch_stragglers(self, call: Call) -> None:
         """``call`` (multi-host) failed on one of its hosts: lose the hosts
         still running it ``straggler_timeout`` seconds from now."""
-        if self._straggler_timeout is None or self._closed or call.watched:
+        if self._straggler_timeout is None or self._closed or call.watched \
+                or call.sending:  # (_sent_multi_host watches it after)
             return
         call.watched = True  # (held weakly: once no part runs, it may go)
         self._deadlines.check(call, self._straggler_timeout)
