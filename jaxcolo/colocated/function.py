@@ -213,7 +213,6 @@ class Specialized:
                 self._discovering = False
                 self._cond.notify_all()
 
-
     def _wait_for_discovery(self, deadline: float | None) -> None:
         """Wait (holding ``_cond``) while another thread discovers; an
         ExecutorError at ``deadline`` (the end of the caller's timeout)."""

@@ -16,7 +16,10 @@ instances, output checks, discovery), and its outputs -- the shards this host
 holds -- go back in a ``result``, or its exception in an ``error`` (type,
 message, remote traceback, and the exception itself pickled with its
 classes by name when possible, see :mod:`jaxcolo.process.remote_errors`, so
-the caller re-raises the same type).
+the caller re-raises the same type).  A reply too large for a frame fails
+its call instead.  Calls spanning hosts pass an ordered gate one at a time;
+one that failed here keeps the gate (``HoldingGate``) until the controller's
+``resume`` says every other host is done with it.
 
 Device ids: the worker process has installed its device map
 (``jaxcolo.codec.mesh.set_device_space``), so every payload it reads or
@@ -33,14 +36,14 @@ import threading
 import time
 
 from jaxcolo_fb import BufferWhere, MessageKind as K
-from jaxcolo.colocated.inline import InlineExecutor
-from jaxcolo.versions import FEATURE_SINCE
 from jaxcolo.colocated.body import loads_body
+from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.colocated.program import ProgramRef, decode_program, read_program
 from jaxcolo.errors import ExecutorError, PayloadError, UnregisteredError
 from jaxcolo.process import arrays, messages
-from jaxcolo.process.remote_errors import error_message
 from jaxcolo.process.lanes import HoldingGate, LaneRunner
+from jaxcolo.process.remote_errors import error_message
+from jaxcolo.versions import FEATURE_SINCE
 from jaxcolo.transport import blobs, channel as channel_mod
 
 log = logging.getLogger("jaxcolo.worker")
