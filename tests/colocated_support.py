@@ -41,6 +41,15 @@ def put(value, where):
                           else value, where)
 
 
+def ok_call(ex, value=41) -> int:
+    """A successful call on ``ex`` (the 'following successful call' after a
+    fault): ``value + 1``, computed where ``ex`` runs colocated code."""
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=lambda x: x)
+    with jaxcolo.use_executor(ex):
+        return int(f(put(np.int32(value), cpu_devices()[0])))
+
+
 def signatures(fn) -> int:
     """Distinct input signatures ``fn`` has built programs for."""
     return len({read_program(p.payload).in_specs

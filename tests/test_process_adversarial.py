@@ -26,20 +26,13 @@ from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
 from jaxcolo.process.messages import MessageKind as K
 from jaxcolo.transport.channel import Channel
-from tests.colocated_support import cpu_devices, put
+from tests.colocated_support import cpu_devices, ok_call, put
 
 
 @pytest.fixture(scope="module")
 def host():
     with jaxcolo.ProcessExecutor(num_hosts=1) as ex:
         yield ex
-
-
-def _ok(ex, value=41):
-    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
-        out_specs_fn=lambda x: x)
-    with jaxcolo.use_executor(ex):
-        return int(f(put(np.int32(value), cpu_devices()[0])))
 
 
 def _program(spec, fn=lambda x: x, out=True):
@@ -77,7 +70,7 @@ def test_odd_messages_do_not_end_the_session(host):
                                program_id=ref.id),
               messages.Message(K.setup, heartbeat_ms=1)):  # twice: refused
         link.channel.send(messages._encode(m))
-    assert _ok(host) == 42
+    assert ok_call(host) == 42
     assert host.worker_pids()[0] == pid and host.stats()["restarts"] == 0
     deadline = time.monotonic() + 10
     while _refused(host) < refused + 1:  # the second setup (the rest are

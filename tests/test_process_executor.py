@@ -21,7 +21,7 @@ import jaxcolo
 from jaxcolo import versions
 from jaxcolo.process import messages
 from jaxcolo.transport import channel as ch, handshake
-from tests.colocated_support import cpu_devices, put
+from tests.colocated_support import cpu_devices, ok_call, put
 
 
 def _identity(x):
@@ -38,14 +38,6 @@ def two_hosts():
 def one_host():
     with jaxcolo.ProcessExecutor(num_hosts=1, lost_timeout=5.0) as ex:
         yield ex
-
-
-def _ok(ex, value=41):
-    """A successful call on ``ex`` (the 'following successful call')."""
-    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
-        out_specs_fn=_identity)
-    with jaxcolo.use_executor(ex):
-        return int(f(put(np.int32(value), cpu_devices()[0])))
 
 
 # ------------------------------------------------------------ multi-host
@@ -141,7 +133,7 @@ def test_hosts_discovering_different_specs_is_an_error(two_hosts):
             with pytest.raises(ValueError, match=r"_dtype_by_host: hosts 0 "
                                r"and 1 returned outputs of different specs"):
                 f(x)
-    assert _ok(two_hosts) == 42
+    assert ok_call(two_hosts) == 42
     # with shared-memory outputs: their leases come back (they leaked)
     big = jax.device_put(jnp.zeros(8 << 17), x.sharding)  # 512 KiB a shard
     with jaxcolo.use_executor(two_hosts):
@@ -379,7 +371,7 @@ def test_instance_dropped_inside_a_send_does_not_block(one_host):
         t = threading.Thread(target=drop_holding_send_lock, daemon=True)
         t.start()
         assert returned.wait(5.0)  # it deadlocked on the send lock
-        assert _ok(one_host) == 42  # the call sends the destroy first
+        assert ok_call(one_host) == 42  # the call sends the destroy first
         assert one_host.stats()["hosts"][0]["instances_destroyed"] == \
             created + 1
 
@@ -401,15 +393,15 @@ def test_infinite_timeout_is_no_timeout(one_host):
     with jaxcolo.use_executor(one_host):
         x = put(np.int32(2), cpu_devices()[0])
         with one_host.timeout(float("inf")):
-            assert _ok(one_host) == 42
+            assert ok_call(one_host) == 42
         with one_host.timeout(1e12):
-            assert _ok(one_host) == 42
+            assert ok_call(one_host) == 42
         with one_host.timeout(np.float32(30.0)):  # any real number
-            assert _ok(one_host) == 42
+            assert ok_call(one_host) == 42
         with one_host.timeout(0.3), pytest.raises(jaxcolo.ExecutorError,
                                                   match="timed out"):
             slow(x)
-    assert _ok(one_host) == 42
+    assert ok_call(one_host) == 42
 
 
 def test_messages_are_payloads_without_pickle():
@@ -445,7 +437,7 @@ def test_a_remote_exception_names_nothing_but_exception_classes(one_host):
                            r"types\.Sneaky: from the host") as info:
             f(put(1, cpu_devices()[0]))
     assert type(info.value) is jaxcolo.ExecutorError
-    assert _ok(one_host) == 42
+    assert ok_call(one_host) == 42
 
 
 @pytest.mark.parametrize("fn", ["raise_with_odd_notes", "raise_system_exit"])
@@ -463,7 +455,7 @@ def test_remote_errors_that_cannot_be_re_raised_as_such(one_host, fn):
                            r"ValueError: boom|SystemExit: 3)") as info:
             f(put(1, cpu_devices()[0]))
     assert "Remote traceback" in "\n".join(info.value.__notes__)
-    assert _ok(one_host) == 42 and one_host.worker_pids() == [pid]
+    assert ok_call(one_host) == 42 and one_host.worker_pids() == [pid]
 
 
 def test_remote_error_whose_str_fails_still_reaches_the_caller(one_host):
@@ -477,7 +469,7 @@ def test_remote_error_whose_str_fails_still_reaches_the_caller(one_host):
         fut = f.submit(put(1, cpu_devices()[0]))
         with pytest.raises(ct.BadStr):
             fut.result(timeout=60)
-    assert _ok(one_host) == 42
+    assert ok_call(one_host) == 42
 
 
 def test_function_error_keeps_type_and_remote_traceback(one_host):
@@ -495,7 +487,7 @@ def test_function_error_keeps_type_and_remote_traceback(one_host):
     assert notes.startswith("Remote traceback from host 0 (unix:")
     assert f"pid {one_host.worker_pids()[0]})" in notes
     assert 'raise Boom("from the host")' in notes
-    assert _ok(one_host) == 42
+    assert ok_call(one_host) == 42
 
 
 def test_per_call_timeout(one_host, tmp_path):
@@ -514,7 +506,19 @@ def test_per_call_timeout(one_host, tmp_path):
             f(x)
         assert time.monotonic() - t0 < 1.4  # before the function ends
         assert int(f(x)) == 1  # no timeout outside the block
-    assert _ok(one_host) == 42
+    assert ok_call(one_host) == 42
+
+
+def _first_call_discovering(f, call) -> threading.Thread:
+    """Start ``call`` (a first call of ``f``) on a thread; return once it is
+    discovering the output specs."""
+    first = threading.Thread(target=call)
+    first.start()
+    deadline = time.monotonic() + 10
+    while not any(sp._discovering for sp in f._cache.values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return first
 
 
 def test_timeout_covers_waiting_for_another_threads_discovery(one_host):
@@ -528,12 +532,8 @@ def test_timeout_covers_waiting_for_another_threads_discovery(one_host):
     x = put(1, cpu_devices()[0])
     results = []
     with jaxcolo.use_executor(one_host):
-        first = threading.Thread(target=lambda: results.append(int(f(x))))
-        first.start()
-        deadline = time.monotonic() + 10
-        while not any(sp._discovering for sp in f._cache.values()):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        first = _first_call_discovering(
+            f, lambda: results.append(int(f(x))))
         t0 = time.monotonic()
         with one_host.timeout(0.3), pytest.raises(
                 jaxcolo.ExecutorError,
@@ -551,7 +551,7 @@ def test_timeout_covers_waiting_for_a_restart():
     """A call made while its host restarts waited for the restart (seconds:
     a new process importing JAX), whatever its timeout."""
     with jaxcolo.ProcessExecutor(num_hosts=1) as ex:
-        assert _ok(ex) == 42
+        assert ok_call(ex) == 42
         pid = ex.worker_pids()[0]
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
@@ -567,7 +567,7 @@ def test_timeout_covers_waiting_for_a_restart():
                       r"restart; it was not sent$"):
             f(put(np.int32(1), cpu_devices()[0]))
         assert time.monotonic() - t0 < 1.0
-        assert _ok(ex) == 42 and ex.worker_pids()[0] != pid
+        assert ok_call(ex) == 42 and ex.worker_pids()[0] != pid
 
 
 def _worker_config(x):
@@ -654,12 +654,7 @@ def test_timeout_counts_the_wait_for_another_threads_discovery(one_host):
     f = jaxcolo.colocated_python(_one_second)
     x = put(1, cpu_devices()[0])
     with jaxcolo.use_executor(one_host):
-        first = threading.Thread(target=lambda: f(x))
-        first.start()
-        deadline = time.monotonic() + 10
-        while not any(sp._discovering for sp in f._cache.values()):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        first = _first_call_discovering(f, lambda: f(x))
         t0 = time.monotonic()
         with one_host.timeout(1.5), pytest.raises(jaxcolo.ExecutorError,
                                                   match="timed out"):
@@ -705,7 +700,7 @@ def test_worker_killed_mid_call(one_host, tmp_path):
     assert f"pid {old[0]}) was lost while this call was in flight " in str(err)
     assert str(err).endswith("; the call was not retried")
     assert elapsed < 5.0  # EOF: no need to wait for the heartbeat timeout
-    assert _ok(one_host) == 42  # after the restart
+    assert ok_call(one_host) == 42  # after the restart
     assert one_host.worker_pids()[0] != old[0]
     assert log.read_text() == "run\n"  # ran once, never retried
     assert one_host.stats()["restarts"] == 1
@@ -719,7 +714,7 @@ def test_worker_killed_mid_call_multi_host(tmp_path, hosts):
         assert f"pid {old[-1]}) was lost while this call was in flight" in \
             str(err)
         assert elapsed < 5.0
-        assert _ok(ex) == 42
+        assert ok_call(ex) == 42
         new = ex.worker_pids()
         assert not set(new) & set(old)  # the whole cluster restarted
         assert log.read_text() == "run\n" * hosts  # once per host, no retry
@@ -758,7 +753,7 @@ def test_host_lost_while_sending_never_reaches_the_restarted_cluster(
             while ex.stats()["restarts"] < round_:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-            assert _ok(ex) == 42
+            assert ok_call(ex) == 42
             new = ex.worker_pids()
             assert not set(new) & set(old)
             runs = [int(p) for p, v in map(str.split,
@@ -790,7 +785,7 @@ def test_instances_on_a_restarted_host_fail_clearly(tmp_path):
         while ex.worker_pids()[0] == old:  # restarted (no call was lost)
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert _ok(ex) == 42
+        assert ok_call(ex) == 42
         with pytest.raises(jaxcolo.ExecutorError,
                            match=r"^Counter.bump: the host instance \d+ was "
                                  r"lost \(host 0 .* was lost\); its state is "
@@ -818,7 +813,7 @@ def test_wrong_key_is_refused_and_logged(capfd, transport):
     assert ("WARNING refused connection from "
             + ("unix:/" if transport == "unix" else "127.0.0.1:")) in err
     assert "authentication failed: digest received was wrong" in err
-    assert _ok(one_host) == 42
+    assert ok_call(one_host) == 42
     one_host.close()
 
 
@@ -837,7 +832,7 @@ def test_version_skew_is_refused_with_both_ranges(old_side, one_host):
                              rf".*\(executor calls need version >= {need}\); " +
                              advice + r" - at \$\.hello$"):
         jaxcolo.ProcessExecutor(num_hosts=1, start_timeout=60, **kwargs)
-    assert _ok(one_host) == 42
+    assert ok_call(one_host) == 42
 
 
 def test_malformed_frames_are_refused_and_logged(one_host, caplog):
@@ -850,7 +845,7 @@ def test_malformed_frames_are_refused_and_logged(one_host, caplog):
     with caplog.at_level(logging.WARNING, logger="jaxcolo.executor"):
         for frame in (b"garbage, not a payload", corrupt, wrong_kind):
             link.channel.send(frame)
-        assert _ok(one_host) == 42  # the worker lives on, in order
+        assert ok_call(one_host) == 42  # the worker lives on, in order
         deadline = time.monotonic() + 10
         while len([r for r in caplog.records if "refused" in r.message]) < 3:
             assert time.monotonic() < deadline
@@ -867,7 +862,7 @@ def test_malformed_frames_are_refused_and_logged(one_host, caplog):
                              "$.header.crc32")
     assert texts[2].endswith("refused a message: unexpected result message")
     assert one_host.stats()["refused"] == before + 3
-    assert _ok(one_host, 1) == 2
+    assert ok_call(one_host, 1) == 2
 
 
 def test_close_with_calls_in_flight(tmp_path):
@@ -899,7 +894,7 @@ def test_close_with_calls_in_flight(tmp_path):
                            match="^ProcessExecutor is closed$"):
             f(x)
     with jaxcolo.ProcessExecutor(num_hosts=1) as again:
-        assert _ok(again) == 42
+        assert ok_call(again) == 42
 
 
 def test_unowned_devices_and_bad_arguments():

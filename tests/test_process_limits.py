@@ -14,7 +14,7 @@ import pytest
 import jaxcolo
 from jaxcolo.errors import ExecutorError
 from jaxcolo.transport.channel import MAX_FRAME, FrameTooLarge
-from tests.colocated_support import cpu_devices, put
+from tests.colocated_support import cpu_devices, ok_call, put
 
 SMALL = 16384                      # float32s: one 64 KiB buffer each
 MANY = MAX_FRAME // (4 * SMALL) + 16  # together past one frame
@@ -24,13 +24,6 @@ MANY = MAX_FRAME // (4 * SMALL) + 16  # together past one frame
 def host():
     with jaxcolo.ProcessExecutor(num_hosts=1) as ex:
         yield ex
-
-
-def _ok(ex, value=41):
-    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
-        out_specs_fn=lambda x: x)
-    with jaxcolo.use_executor(ex):
-        return int(f(put(np.int32(value), cpu_devices()[0])))
 
 
 def _bump_all(xs):
@@ -85,7 +78,7 @@ def test_a_huge_exception_fails_only_its_call(host):
             out_specs_fn=lambda x: x)
         with pytest.raises(_Huge):
             g(x)
-    assert _ok(host) == 42
+    assert ok_call(host) == 42
     assert host.worker_pids()[0] == pid
 
 

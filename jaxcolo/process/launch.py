@@ -42,17 +42,10 @@ SEMANTIC_OPTIONS = (
 def worker_env() -> dict:
     """This process's environment with its SEMANTIC_OPTIONS values, as this
     thread sees them now (an executor takes it once, at its start, and
-    gives it to every worker it starts or restarts)."""
-    env = dict(os.environ)
-    env.update(config_env(env))
-    return env
-
-
-def config_env(env: dict) -> dict:
-    """Environment variables giving a worker this thread's values of
-    SEMANTIC_OPTIONS (``env``'s variables for unset options are dropped)."""
+    gives it to every worker it starts or restarts); an option unset here
+    is unset there too."""
     import jax
-    out = {}
+    env = dict(os.environ)
     holders = getattr(jax.config, "_value_holders", {})
     for name in SEMANTIC_OPTIONS:
         holder = holders.get(name)
@@ -61,12 +54,12 @@ def config_env(env: dict) -> dict:
         value = holder.value
         value = getattr(value, "value", value)  # str-valued enums
         if isinstance(value, bool):
-            out[name.upper()] = "true" if value else "false"
+            env[name.upper()] = "true" if value else "false"
         elif isinstance(value, str):
-            out[name.upper()] = value
+            env[name.upper()] = value
         elif value is None:
             env.pop(name.upper(), None)
-    return out
+    return env
 
 
 class LocalWorker:

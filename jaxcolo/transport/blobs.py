@@ -122,18 +122,8 @@ class SegmentPool:
     def release(self, lease_ids) -> int:
         """Return leases (ids from the peer); unknown ids are ignored.
         Returns how many were known."""
-        n = 0
         with self._lock:
-            for lid in lease_ids:
-                seg = self._leases.pop(lid, None)
-                if seg is None:
-                    continue
-                n += 1
-                if seg.linked:  # the peer has mapped it: the name can go
-                    unlink(seg.name)
-                    seg.linked = False
-                self._idle.setdefault(seg.size, []).append(seg)
-        return n
+            return sum(self._take_back(lid, False) for lid in lease_ids)
 
     def abandon(self, leases) -> None:
         """Take back leases (Lease objects) whose message was never sent:
@@ -141,15 +131,21 @@ class SegmentPool:
         so it keeps its name and is announced again at its next use."""
         with self._lock:
             for lease in leases:
-                seg = self._leases.pop(lease.id, None)
-                if seg is None:
-                    continue
-                if lease.announce is not None:
-                    seg.announced = False
-                elif seg.linked:
-                    unlink(seg.name)
-                    seg.linked = False
-                self._idle.setdefault(seg.size, []).append(seg)
+                self._take_back(lease.id, lease.announce is not None)
+
+    def _take_back(self, lid, unannounced: bool) -> bool:
+        """(Under the lock.)  Lease ``lid``'s segment becomes idle; False
+        if the lease is unknown."""
+        seg = self._leases.pop(lid, None)
+        if seg is None:
+            return False
+        if unannounced:
+            seg.announced = False
+        elif seg.linked:  # the peer has mapped it: the name can go
+            unlink(seg.name)
+            seg.linked = False
+        self._idle.setdefault(seg.size, []).append(seg)
+        return True
 
     def stats(self) -> dict:
         with self._lock:
