@@ -395,7 +395,8 @@ class Listener:
         self._on_channel = on_channel
         self._timeout = timeout
         self._need = need
-        self.refused = 0
+        self.refused = 0  # connections refused so far (set-up slot free)
+        self._refused_lock = threading.Lock()
         self._closed = False
         self._pending = threading.BoundedSemaphore(MAX_PENDING_SETUPS)
         self._last_warning = 0.0
@@ -417,7 +418,7 @@ class Listener:
                 continue
             if not self._pending.acquire(blocking=False):
                 sock.close()
-                self.refused += 1
+                self._count_refused()
                 self._warn(f"refused a connection: {MAX_PENDING_SETUPS} "
                            "are already being set up")
                 continue
@@ -443,17 +444,24 @@ class Listener:
             log.warning("listener %s: %s", self.address_text, text)
 
     def _setup(self, sock, peer):
+        channel = None
         try:
             channel = _authenticate_and_greet(
                 sock, self._authkey, self._hello_fn(), self._timeout, True,
                 self._need)
         except Exception as e:  # noqa: BLE001 - refuse, log, keep serving
-            log.warning("refused connection from %s: %s", peer, e)
-            self.refused += 1  # after logging: tests wait on this count
-            return
+            error = e
         finally:
             self._pending.release()
+        if channel is None:
+            log.warning("refused connection from %s: %s", peer, error)
+            self._count_refused()  # last (slot free): tests wait on it
+            return
         self._on_channel(channel)
+
+    def _count_refused(self) -> None:
+        with self._refused_lock:
+            self.refused += 1
 
     def close(self):
         self._closed = True
