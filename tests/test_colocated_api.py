@@ -163,6 +163,41 @@ def test_in_specs_pin_the_signature(executor):
     assert signatures(f) == 1
 
 
+def test_in_specs_without_sharding_take_each_call_s_sharding(executor):
+    """A sharding-less in_spec pins shape and dtype only: each argument
+    sharding gets its own specialisation (a later call with another
+    sharding or device was packed under the first call's: wrong data)."""
+    devs = cpu_devices()
+    mesh = Mesh(np.array(devs[:4]), ("x",))
+    f = jaxcolo.colocated_python(lambda x: x).specialize(
+        in_specs=((jax.ShapeDtypeStruct((4, 4), jnp.float32),), {}))
+    data = np.arange(16, dtype=np.float32).reshape(4, 4)
+    for spec in (P("x", None), P(None, "x"), P("x", None)):
+        x = put(data, NamedSharding(mesh, spec))
+        out = f(x)
+        assert out.sharding == x.sharding
+        np.testing.assert_array_equal(out, data)
+    g = jaxcolo.colocated_python(lambda x: x * 2).specialize(
+        in_specs=((jax.ShapeDtypeStruct((1,), jnp.float32),), {}))
+    for d in (devs[0], devs[5], devs[0]):
+        out = g(put(np.array([3.0], np.float32), d))
+        assert out.sharding == jax.sharding.SingleDeviceSharding(d)
+        np.testing.assert_array_equal(out, [6.0])
+    assert signatures(f) == 2 and signatures(g) == 2
+
+
+def test_in_specs_with_devices_check_the_arguments_devices(executor):
+    devs = cpu_devices()
+    f = jaxcolo.colocated_python(lambda x: x).specialize(
+        in_specs=((jax.ShapeDtypeStruct((1,), jnp.float32),), {}),
+        devices=devs[:2])
+    np.testing.assert_array_equal(f(put(np.array([1.0], np.float32),
+                                        devs[1])), [1.0])
+    with pytest.raises(ValueError, match=r"input 0 lives on devices \[5\] "
+                                         r"outside the function's devices"):
+        f(put(np.array([1.0], np.float32), devs[5]))
+
+
 def test_non_array_inputs_are_rejected(executor):
     f = jaxcolo.colocated_python(lambda x: x)
     for bad in (np.array(1), 1, "s", jax.ShapeDtypeStruct((), jnp.int32)):
@@ -330,6 +365,12 @@ def test_colocated_cpu_devices():
     assert jaxcolo.colocated_cpu_devices(devs[:1]) == (devs[0],)
     mesh = Mesh(np.array(devs[:4]).reshape(2, 2), ("x", "y"))
     assert jaxcolo.colocated_cpu_devices(mesh) == mesh
+    # A CPU device is its own colocated CPU device, in any order (JAX
+    # 0.10.2's fallback hands out the process's first CPU devices instead).
+    assert jaxcolo.colocated_cpu_devices([devs[3], devs[1]]) == \
+        (devs[3], devs[1])
+    rev = Mesh(np.array(devs[::-1]).reshape(2, 4), ("x", "y"))
+    assert jaxcolo.colocated_cpu_devices(rev) is rev
     from jax.experimental import colocated_python as jcp
     assert tuple(jcp.colocated_cpu_devices(devs)) == \
         jaxcolo.colocated_cpu_devices(devs)

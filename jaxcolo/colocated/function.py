@@ -263,7 +263,7 @@ class ColocatedFunction:
         self._target = target
         self._specialization = specialization
         self._cache = SignatureCache()
-        self._pinned = None          # the one Specialized when in_specs pinned
+        self._pinned = {}  # in_specs with shardings filled -> Specialized
         self._pinned_lock = threading.Lock()
         functools.update_wrapper(self, target.fn, updated=())
 
@@ -349,9 +349,10 @@ class ColocatedFunction:
 
     def programs(self) -> list[ProgramRef]:
         """Every program payload built so far (discovery and full)."""
-        out = [] if self._pinned is None else self._pinned.all_programs()
+        pinned = list(self._pinned.values())
+        out = [p for sp in pinned for p in sp.all_programs()]
         for sp in self._cache.values():
-            if sp is not self._pinned:
+            if all(sp is not p for p in pinned):
                 out.extend(sp.all_programs())
         return out
 
@@ -371,16 +372,21 @@ class ColocatedFunction:
         spec = self._specialization
         if spec.in_specs_treedef is not None:
             self._check_pinned(treedef, arg_specs)
+            # An in_spec without a sharding takes the argument's: one
+            # specialisation per sharding, never one call's for the next.
+            in_leaves = tuple(
+                p if getattr(p, "sharding", None) is not None else
+                jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=a.sharding)
+                for p, a in zip(spec.in_specs_leaves, arg_specs))
+            if spec.devices is not None:
+                specs_mod.check_within(in_leaves, spec.devices, "input",
+                                       self._target.name)
             with self._pinned_lock:
-                if self._pinned is None:
-                    self._pinned = self._new_specialized(
-                        treedef, tuple(
-                            p if getattr(p, "sharding", None) is not None else
-                            jax.ShapeDtypeStruct(p.shape, p.dtype,
-                                                 sharding=a.sharding)
-                            for p, a in zip(spec.in_specs_leaves, arg_specs)),
-                        leaves)
-                return self._pinned
+                sp = self._pinned.get(in_leaves)
+                if sp is None:
+                    sp = self._pinned[in_leaves] = self._new_specialized(
+                        treedef, in_leaves, leaves)
+                return sp
         devices = spec.devices
         if devices is None:
             devices = specs_mod.infer_devices(leaves)
