@@ -58,6 +58,9 @@ HISTORY: tuple[VersionInfo, ...] = (
         # SymbolicScope.token.  Needed (min reader 6) only by payloads with
         # two distinct scopes of equal constraints, which older readers merge.
         "symbolic_scope_identity",
+        # No schema change: a one-device Mesh with no axes.  Readers of
+        # version 6 read it; readers frozen at 5 or before refused it.
+        "mesh_without_axes",
     )),
     VersionInfo(7, 1, (
         # MessageKind.resume: a worker whose part of a multi-host call

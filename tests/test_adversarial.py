@@ -580,6 +580,51 @@ def test_zero_axis_and_empty_meshes():
         jaxcolo.serialize(jmesh.empty_concrete_mesh)
 
 
+def test_a_mesh_without_axes_needs_reader_6():
+    """Readers frozen at version 5 or before refused a mesh with no axes;
+    it was written as readable by version 1."""
+    from jax.sharding import Mesh
+
+    m0 = Mesh(np.array(jax.devices()[0], dtype=object).reshape(()), ())
+    data = jaxcolo.serialize({"m": m0})
+    assert jaxcolo.inspect(data)["min_reader_version"] == 6
+    assert not check_readable(data, 5)[0] and check_readable(data, 6)[0]
+    assert jaxcolo.deserialize(jaxcolo.serialize(m0, version=6)) == m0
+    with pytest.raises(jaxcolo.EncodeError, match=r"mesh_without_axes needs "
+                       r"schema version 6.* - at \$\['m'\]"):
+        jaxcolo.serialize({"m": m0}, version=5)
+    # Earlier writers stamped it readable by 1: still read.
+    assert jaxcolo.deserialize(bytes(_reseal(data, min_reader=1))) == {"m": m0}
+
+
+def test_forged_headers_hiding_scope_identity_or_resume_are_refused():
+    """A header claiming an older reader than the body's features need:
+    readers of that version would merge the two scopes, or refuse the
+    message kind, so the payload is refused here too."""
+    (b1, _), (b2, _) = [jax.export.symbolic_shape(t) for t in ("b, 4",
+                                                              "b, 8")]
+    tree = [jax.ShapeDtypeStruct((b1,), np.float32),
+            jax.ShapeDtypeStruct((b2,), np.float32)]
+    data = jaxcolo.serialize(tree)
+    assert jaxcolo.inspect(data)["min_reader_version"] == 6
+    for min_reader in (1, 5):
+        forged = bytes(_reseal(data, min_reader=min_reader))
+        with pytest.raises(jaxcolo.PayloadError, match=r"symbolic_scope_"
+                           r"identity needs reader version >= 6, but the "
+                           rf"header declares min_reader_version {min_reader}"
+                           r" - at \$\.scopes\[1\]"):
+            jaxcolo.deserialize(forged)
+        assert not check_readable(forged, min_reader)[0]
+    resume = M.encode(M.Message(MessageKind.resume, call_id=3), 7)
+    assert M.decode(resume).kind == MessageKind.resume
+    forged = bytes(_reseal(resume, min_reader=3))
+    with pytest.raises(jaxcolo.PayloadError, match="message_resume needs "
+                       "reader version >= 7.* - at \\$.header"):
+        M.decode(forged)
+    ok, why = check_readable(forged, 3)
+    assert not ok and "message_resume" in why
+
+
 def test_memoryviews_that_are_not_contiguous_bytes():
     data = jaxcolo.serialize([np.dtype("f4"), None])
     assert jaxcolo.deserialize(memoryview(data)) == [np.dtype("f4"), None]

@@ -132,6 +132,10 @@ def build_scope(writer, builder, item) -> int:
 
 def decode_scope(reader, t, path):
     constraints = tuple(t.strings(LC.constraints, path, "constraints"))
+    seen = reader.state.setdefault("scope constraints", set())
+    if constraints in seen:  # only writers of version >= 6 repeat them
+        reader.check_declared(_IDENTITY, path)
+    seen.add(constraints)
     token = t.scalar(LC.token, "u64", 0, path, "token")
     if token:
         scope = _BY_TOKEN.get(token)

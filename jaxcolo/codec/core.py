@@ -179,6 +179,7 @@ class Reader:
         self._positions: dict[str, list] = {}  # table name -> entry positions
         self._columns: dict[str, Any] = {}     # field -> opened columns
         self._memo: dict[str, list] = {}       # table name -> decoded entries
+        self.state: dict[str, Any] = {}        # codecs' per-payload notes
 
     def check_declared(self, feature: str, path: str) -> None:
         """PayloadError if the body uses ``feature`` but the header claims an

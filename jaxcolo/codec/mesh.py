@@ -257,6 +257,9 @@ def decode_mesh(reader, t, path):
 
 def intern_mesh(writer, mesh, path) -> int:
     writer.require("mesh", path)
+    if not mesh.axis_names:
+        # Not checked on read: earlier writers stamped it readable by 1.
+        writer.require("mesh_without_axes", path)
     return writer.intern_obj("meshes", mesh,
                              lambda m: _mesh_item(m, path))
 

@@ -266,6 +266,9 @@ _SEGMENT_NAME = re.compile(r"jaxcolo-[0-9A-Za-z_-]{1,200}")
 MAX_SEGMENT = 1 << 46
 
 
+_RESUME_SINCE = versions.FEATURE_SINCE["message_resume"]
+
+
 def decode(data, reader_version: int | None = None) -> Message:
     """Decode a message payload; PayloadError for anything malformed."""
     header = envelope.read_header(data)
@@ -278,6 +281,12 @@ def decode(data, reader_version: int | None = None) -> Message:
     if m is not None:
         return m
     m = _decode_body(body)
+    if m.kind == MessageKind.resume and \
+            header.min_reader_version < _RESUME_SINCE:
+        raise PayloadError(
+            f"message_resume needs reader version >= {_RESUME_SINCE}, but "
+            f"the header declares min_reader_version "
+            f"{header.min_reader_version}", "$.header.min_reader_version")
     for field, nested in (("program", m.program), ("specs", m.specs)):
         if nested is not None:
             envelope.check_nested_declared(nested, header, f"$.{field}")
