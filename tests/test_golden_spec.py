@@ -45,6 +45,29 @@ def test_every_released_version_has_golden_payloads():
     assert released and released <= have
 
 
+def test_every_root_and_message_kind_has_a_golden_payload():
+    """A new root kind or message kind gets golden payloads in the version
+    that adds it.  ``discover`` is the one exception: it has exactly the
+    fields of ``call`` (only the kind number differs)."""
+    from jaxcolo.process import messages
+    from jaxcolo_fb import MessageKind, RootKind
+
+    roots, kinds = set(), set()
+    for path in glob.glob(os.path.join(GOLDEN, "v*", "*.bin")):
+        with open(path, "rb") as f:
+            data = f.read()
+        header = envelope.read_header(data)
+        roots.add(header.root_kind)
+        if header.root_kind == RootKind.message:
+            kinds.add(messages.decode(data).kind)
+    want_roots = {v for k, v in vars(RootKind).items()
+                  if not k.startswith("_") and v}
+    want_kinds = {v for k, v in vars(MessageKind).items()
+                  if not k.startswith("_") and v}
+    assert roots == want_roots
+    assert kinds | {MessageKind.discover} == want_kinds
+
+
 def _symbolic_text(obj):
     return [(type(x).__name__, tuple(str(d) for d in x.shape), str(x.dtype))
             for x in jax.tree_util.tree_leaves(obj)]

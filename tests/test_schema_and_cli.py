@@ -81,6 +81,44 @@ def test_schema_check_catches_what_conform_does_not(tmp_path):
     assert check_schema.check_frozen_files() == []
 
 
+@needs_flatc
+def test_schema_check_catches_what_neither_compares(tmp_path, monkeypatch):
+    """A root_type change, a field made required, a struct or union (not
+    compared yet) and a schema that differs from its version's frozen copy
+    all fail the check."""
+    schema = os.path.join(ROOT, "schema")
+
+    def variant(file, old, new):
+        d = tmp_path / f"v{abs(hash(new)) % 10000}"
+        shutil.copytree(schema, d, ignore=shutil.ignore_patterns("history"))
+        text = (d / file).read_text()
+        assert old in text
+        (d / file).write_text(text.replace(old, new, 1))
+        return str(d)
+
+    assert check_schema.compare_declarations(schema, schema) == []
+    d = variant("jaxcolo.fbs", "root_type SpecTree;", "root_type Program;")
+    assert check_schema.compare_declarations(schema, d) == \
+        ["jaxcolo.fbs: root_type SpecTree is now Program"]
+    d = variant("spec.fbs", "  hlo_sharding: uint32;",
+                "  hlo_sharding: uint32 (required);")
+    assert check_schema.compare_declarations(schema, d) == \
+        ["Sharding.hlo_sharding: 'required' added"]
+    d = variant("spec.fbs", "table Sharding", "struct S { a: int; }\n"
+                "union U { Sharding }\ntable Sharding")
+    problems = check_schema.declarations(d)[2]
+    assert len(problems) == 2 and "declares a struct" in problems[0] and \
+        "declares a union" in problems[1]
+    newest = check_schema.frozen_versions()[-1]
+    assert check_schema.compare_current_with_frozen(newest) == []
+    monkeypatch.setattr(check_schema, "SCHEMA_DIR", variant(
+        "executor.fbs", "  frame = 2 ", "  frame = 2, later = 3 "))
+    assert check_schema.compare_current_with_frozen(newest) == [
+        f"schema/executor.fbs differs from schema/history/"
+        f"{os.path.basename(newest)}/executor.fbs: bump SCHEMA_VERSION "
+        "(jaxcolo/versions.py) and freeze, or revert the change"]
+
+
 def _cli(*args, check=True):
     env = dict(os.environ)
     return subprocess.run([sys.executable, "-m", "jaxcolo.cli", *args],

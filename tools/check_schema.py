@@ -6,8 +6,12 @@ under schema/history/vN/:
   a frozen version keeps its name and number, and every table field keeps
   its name and slot (read off flatc's Python output for both schemas; a
   field may only disappear by being marked ``(deprecated)``);
-* the frozen files themselves are unchanged (``history/SHA256SUMS``), and
-  the newest frozen version is the library's ``SCHEMA_VERSION``.
+* what neither compares: each file's ``root_type``, and which fields are
+  ``(required)``; structs and unions are refused until this check learns
+  to compare them (the schema has none);
+* the frozen files themselves are unchanged (``history/SHA256SUMS``), the
+  newest frozen version is the library's ``SCHEMA_VERSION``, and schema/
+  is identical to it (a change to the schema needs a new version).
 
     python tools/check_schema.py            # check against every frozen version
     python tools/check_schema.py --freeze N # copy schema/*.fbs to history/vN
@@ -93,6 +97,76 @@ def compare_names(old_dir: str, current_dir: str) -> list[str]:
                             rf"\b{name}\s*:[^;]*\(\s*deprecated", text, re.I),
                         " (mark it deprecated)")
     return out
+
+
+def _schema_text(schema_dir: str) -> dict:
+    """file name -> text without comments, of every .fbs in schema_dir."""
+    out = {}
+    for f in sorted(glob.glob(os.path.join(schema_dir, "*.fbs"))):
+        with open(f) as fh:
+            out[os.path.basename(f)] = re.sub(r"//[^\n]*", "", fh.read())
+    return out
+
+
+_TABLE = re.compile(r"\btable\s+(\w+)[^{]*\{([^}]*)\}")
+_FIELD = re.compile(r"^\s*(\w+)\s*:([^;]*)$")
+
+
+def declarations(schema_dir: str) -> tuple[dict, dict, list]:
+    """({file: root_type}, {(table, field): attribute text}, [problems])
+    of a schema: what --conform and the names check do not compare."""
+    roots, attrs, problems = {}, {}, []
+    for name, text in _schema_text(schema_dir).items():
+        root = re.search(r"\broot_type\s+([\w.]+)\s*;", text)
+        roots[name] = root.group(1) if root else None
+        for kind in ("struct", "union"):
+            if re.search(rf"\b{kind}\s+\w+", text):
+                problems.append(
+                    f"{name} declares a {kind}: this check compares tables "
+                    f"and enums only; teach it {kind}s before using one")
+        for table, body in _TABLE.findall(text):
+            for decl in body.split(";"):
+                m = _FIELD.match(decl)
+                if m:
+                    found = re.search(r"\(([^)]*)\)", m.group(2))
+                    attrs[(table, m.group(1))] = found.group(1) if found \
+                        else ""
+    return roots, attrs, problems
+
+
+def compare_declarations(old_dir: str, current_dir: str) -> list[str]:
+    """Problems: a root type changed, or a frozen field made (or no longer)
+    required; verifying readers (flatc's C++ verifier) reject payloads
+    that lack a required field."""
+    old_roots, old_attrs, _ = declarations(old_dir)
+    roots, attrs, _ = declarations(current_dir)
+    out = []
+    for name, root in old_roots.items():
+        if name in roots and roots[name] != root:
+            out.append(f"{name}: root_type {root} is now {roots[name]}")
+    required = re.compile(r"\brequired\b")
+    for (table, field), text in old_attrs.items():
+        now = attrs.get((table, field))
+        if now is not None and bool(required.search(now)) != \
+                bool(required.search(text)):
+            out.append(f"{table}.{field}: 'required' "
+                       f"{'added' if required.search(now) else 'removed'}")
+    return out
+
+
+def compare_current_with_frozen(newest: str) -> list[str]:
+    """Problems: schema/*.fbs differs from the frozen copy of
+    SCHEMA_VERSION, so payloads stamped with that version would not be
+    described by it (a schema change needs a new version)."""
+    current = {os.path.basename(f): _digest(f) for f in
+               glob.glob(os.path.join(SCHEMA_DIR, "*.fbs"))}
+    frozen = {os.path.basename(f): _digest(f) for f in
+              glob.glob(os.path.join(newest, "*.fbs"))}
+    label = os.path.relpath(newest, ROOT)
+    return [f"schema/{n} differs from {label}/{n}: bump SCHEMA_VERSION "
+            f"(jaxcolo/versions.py) and freeze, or revert the change"
+            for n in sorted(set(current) | set(frozen))
+            if current.get(n) != frozen.get(n)]
 
 
 def compare_with_jax() -> list[str]:
@@ -204,9 +278,10 @@ def main() -> int:
         if r.returncode:
             failures += 1
             print(r.stdout + r.stderr)
-        renamed = compare_names(d, SCHEMA_DIR)
-        print(f"names and numbers vs {os.path.relpath(d, ROOT)}: "
-              f"{'ok' if not renamed else 'CHANGED'}")
+        renamed = compare_names(d, SCHEMA_DIR) + \
+            compare_declarations(d, SCHEMA_DIR)
+        print(f"names, numbers and declarations vs "
+              f"{os.path.relpath(d, ROOT)}: {'ok' if not renamed else 'CHANGED'}")
         for problem in renamed:
             failures += 1
             print(f"  {problem}")
@@ -216,6 +291,13 @@ def main() -> int:
     elif os.path.basename(versions[-1]) != f"v{SCHEMA_VERSION}":
         print(f"SCHEMA_VERSION is {SCHEMA_VERSION} but the newest frozen "
               f"schema is {os.path.basename(versions[-1])}")
+        failures += 1
+    else:
+        for problem in compare_current_with_frozen(versions[-1]):
+            print(problem)
+            failures += 1
+    for problem in declarations(SCHEMA_DIR)[2]:
+        print(problem)
         failures += 1
     jax_problems = compare_with_jax()
     print("schema/jax_export/export.fbs vs the installed JAX's generated "
