@@ -198,6 +198,22 @@ def test_in_specs_with_devices_check_the_arguments_devices(executor):
         f(put(np.array([1.0], np.float32), devs[5]))
 
 
+def test_weak_types_travel(executor):
+    """A weakly typed argument stays weak where the function runs (so it
+    promotes as it does in-process) and a weak result comes back weak."""
+    d = cpu_devices()[0]
+    w = jax.device_put(2.0, d)
+    assert w.weak_type
+    f = jaxcolo.colocated_python(lambda a, b: (a + b, a * 2))
+    total, doubled = f(w, put(np.ones(3, jnp.bfloat16), d))
+    assert total.dtype == jnp.bfloat16 and not total.weak_type
+    assert doubled.weak_type and float(doubled) == 4.0
+    strong = put(np.float32(2.0), d)
+    total, doubled = f(strong, put(np.ones(3, jnp.bfloat16), d))
+    assert total.dtype == jnp.float32 and not doubled.weak_type
+    assert signatures(f) == 2
+
+
 def test_non_array_inputs_are_rejected(executor):
     f = jaxcolo.colocated_python(lambda x: x)
     for bad in (np.array(1), 1, "s", jax.ShapeDtypeStruct((), jnp.int32)):

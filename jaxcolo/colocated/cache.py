@@ -33,6 +33,7 @@ def fast_key(treedef, leaves: Sequence[Any]):
             append(type(x))
             append(x.shape)
             append(x.dtype)
+            append(getattr(x, "weak_type", False))  # key arrays: none
             append(id(x.sharding))
     except AttributeError:
         return None

@@ -22,7 +22,8 @@ def get_spec(x: Any) -> jax.ShapeDtypeStruct:
             "colocated_python only supports jax.Array as input and output, "
             f"but got {type(x)}.")
     return jax.ShapeDtypeStruct(shape=x.shape, dtype=x.dtype,
-                                sharding=x.sharding)
+                                sharding=x.sharding,
+                                weak_type=getattr(x, "weak_type", False))
 
 
 def infer_devices(leaves: Sequence[Any]) -> xc.DeviceList | None:

@@ -274,8 +274,9 @@ class Layout:
             self.np_dtype = np.dtype(np.uint32)
         elif _is_str(spec.dtype):
             self.kind = "str"
-        self.aval = core.ShapedArray(self.shape, spec.dtype) \
-            if self.kind == "raw" else None
+        self.aval = core.ShapedArray(
+            self.shape, spec.dtype, weak_type=getattr(spec, "weak_type", False)
+        ) if self.kind == "raw" else None
         sharding = self.sharding
         devices = (sharding.addressable_devices if local_only
                    else sharding.device_set)
