@@ -205,3 +205,45 @@ def test_fast_cache_follows_new_sharding_objects(executor):
         s = jax.sharding.SingleDeviceSharding(d)
         assert int(f(jax.device_put(np.int32(7), s))) == 7
     assert len(f._cache._fast) == 1 and len(f._cache._slow) == 1
+
+
+def test_a_new_thread_does_not_queue_behind_a_finished_one(x):
+    """Lanes are per thread, not per thread id: an id is reused once its
+    thread ends, and a new thread with it queued behind work the finished
+    thread left submitted (here: blocked until the test ends)."""
+    release = state.release = threading.Event()  # by reference: a module's
+
+    def wait(v):
+        state.release.wait(30)
+        return v
+    blocked = jaxcolo.colocated_python(wait).specialize(
+        out_specs_fn=lambda v: v)  # no discovery: submit returns at once
+
+    quick = jaxcolo.colocated_python(_ident)
+    futures, idents = [], []
+    with jaxcolo.InlineExecutor() as ex, jaxcolo.use_executor(ex):
+        try:
+            first = threading.Thread(
+                target=lambda: futures.append(blocked.submit(x)))
+            first.start()
+            first.join()
+            for _ in range(20):  # until the OS hands out the same id again
+                done = threading.Event()
+
+                def call():
+                    idents.append(threading.get_ident())
+                    quick(x)
+                    done.set()
+                t = threading.Thread(target=call)
+                t.start()
+                assert done.wait(10), "queued behind the finished thread"
+                t.join()
+                if idents[-1] == first.ident:
+                    break
+            assert not futures[0].done()
+        finally:
+            release.set()
+            del state.release
+        assert int(futures[0].result(10)) == 1
+    if first.ident not in idents:
+        pytest.skip("no thread id was reused")

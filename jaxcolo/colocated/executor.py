@@ -38,7 +38,7 @@ carries the class body and instance id; the host creates the instance at the
 first call that needs it there.
 
 Ordering: a *lane* is an opaque hashable naming one caller thread (the
-controller passes ``threading.get_ident()``).  Work submitted on one lane
+controller passes ``current_lane()``, unique per thread and never reused).  Work submitted on one lane
 (call, submit, discover, destroy_instance) runs in submission order; work on
 different lanes may run concurrently (three lanes meeting at a barrier inside
 their functions must not deadlock).  A lane is used by one thread at a time.
@@ -60,11 +60,27 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import itertools
 import threading
 from concurrent.futures import Future
 from typing import Hashable, Sequence
 
 from jaxcolo import versions
+
+
+_thread_lane = threading.local()
+_new_lane = itertools.count(1).__next__
+
+
+def current_lane() -> int:
+    """The calling thread's lane: unique for the life of the process.  (A
+    thread id is reused once its thread ends, which would queue a new
+    thread's calls behind work a finished thread left submitted.)"""
+    try:
+        return _thread_lane.lane
+    except AttributeError:
+        lane = _thread_lane.lane = _new_lane()
+        return lane
 
 
 class Executor(abc.ABC):

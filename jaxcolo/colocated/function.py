@@ -39,12 +39,11 @@ from jaxcolo.codec.mesh import payload_id
 from jaxcolo.colocated import specs as specs_mod
 from jaxcolo.colocated.body import dumps_body
 from jaxcolo.colocated.cache import SignatureCache, fast_key
-from jaxcolo.colocated.executor import get_executor
+from jaxcolo.colocated.executor import current_lane, get_executor
 from jaxcolo.colocated.program import ProgramRef, encode_program
 from jaxcolo.errors import ExecutorError
 
 _flatten = jtu.tree_flatten
-_get_ident = threading.get_ident
 
 
 def _source_info(obj) -> str | None:
@@ -309,7 +308,7 @@ class ColocatedFunction:
         sp, ex, leaves = self._prepare(args, kwargs)
         ref = sp.programs.get(ex.payload_version) or sp.program(
             ex.payload_version)
-        lane = _get_ident()
+        lane = current_lane()
         if ref is None:
             deadline = call_deadline(ex)
             out = sp.discover(ex, leaves, lane, deadline)
@@ -329,7 +328,7 @@ class ColocatedFunction:
         call that must discover output specs runs before submit returns.
         Argument errors raise here; errors of the call are in the Future."""
         sp, ex, leaves = self._prepare(args, kwargs)
-        lane = _get_ident()
+        lane = current_lane()
         ref = sp.program(ex.payload_version)
         if ref is None:
             outer = Future()

@@ -25,6 +25,7 @@ import threading
 import weakref
 
 from jaxcolo.colocated.body import dumps_body
+from jaxcolo.colocated.executor import current_lane
 from jaxcolo.colocated.function import ColocatedFunction, Specialization, \
     _source_info
 
@@ -59,7 +60,7 @@ class HostInstances:
     def destroy(self) -> None:
         with self._lock:
             executors, self._executors, self._last = self._executors, [], None
-        lane = threading.get_ident()
+        lane = current_lane()
         for ex in executors:
             try:
                 ex.destroy_instance(self.id, lane=lane)
