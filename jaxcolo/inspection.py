@@ -60,19 +60,55 @@ def inspect(data) -> dict:
     from jaxcolo.payload import load_root
     load_root(header.root_kind)
     fn = INSPECTORS.get(header.root_kind)
-    if fn is not None:
-        out.update(fn(data, header))
-    elif header.min_reader_version <= versions.SCHEMA_VERSION:
-        raise PayloadError(f"unknown root kind {header.root_kind}",
-                           "$.header.root_kind")
-    else:  # a newer writer's kind: the header is all this reader knows
+    if header.min_reader_version > versions.SCHEMA_VERSION:
+        # Content a newer writer says only newer readers understand: the
+        # header is all this reader can vouch for.
         out["content_unavailable"] = (
             f"needs a reader of version >= {header.min_reader_version}")
+    elif fn is None:
+        raise PayloadError(f"unknown root kind {header.root_kind}",
+                           "$.header.root_kind")
+    else:
+        out.update(fn(data, header))
     return out
 
 
+MAX_NODES_SHOWN = 1024   # a larger structure is summarised, not printed
+MAX_REPR = 2000          # characters of one leaf's repr
+MAX_LEAVES_SHOWN = 256
+
+
+def describe_structure(treedef) -> str:
+    """``str(treedef)``, unless it has more than MAX_NODES_SHOWN nodes
+    (shared node data would make the text far larger than the payload)."""
+    if treedef.num_nodes > MAX_NODES_SHOWN:
+        return (f"PyTreeDef of {treedef.num_nodes} nodes and "
+                f"{treedef.num_leaves} leaves (not printed: over "
+                f"{MAX_NODES_SHOWN} nodes)")
+    return clip(str(treedef), 64 * MAX_REPR)
+
+
+def describe_leaves(leaves, show=repr) -> list[str]:
+    """``show`` (repr) of the first MAX_LEAVES_SHOWN leaves, each clipped,
+    each distinct object formatted once (leaves share specs)."""
+    seen: dict[int, str] = {}
+    out = []
+    for x in leaves[:MAX_LEAVES_SHOWN]:
+        text = seen.get(id(x))
+        if text is None:
+            text = seen[id(x)] = clip(show(x), MAX_REPR)
+        out.append(text)
+    return out
+
+
+def clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
 def inspect_spec_tree(data, header) -> dict:
-    _, buf, root = spec_tree.open_spec_tree(data, header.min_reader_version)
+    _, buf, root = spec_tree.open_spec_tree(data)
     reader = core.Reader(buf, root, spec_tree.L, make_resolver(None),
                          declared_min_reader=header.min_reader_version)
     tables = {}
@@ -91,9 +127,9 @@ def inspect_spec_tree(data, header) -> dict:
         obj = spec_tree.decode_root(reader)
         from jax._src import tree_util as jtu
         leaves, treedef = jtu.tree_flatten(obj, is_leaf=spec_tree._is_prng_impl)
-        out["structure"] = str(treedef)
+        out["structure"] = describe_structure(treedef)
         out["num_leaves"] = len(leaves)
-        out["leaves"] = [repr(x) for x in leaves[:256]]
+        out["leaves"] = describe_leaves(leaves)
     except UnavailableHereError as e:
         # Devices or registrations this process lacks (the payload may read
         # fine elsewhere): the raw view, and why there is no more.

@@ -625,6 +625,30 @@ def test_forged_headers_hiding_scope_identity_or_resume_are_refused():
     assert not ok and "message_resume" in why
 
 
+def test_inspect_stays_within_the_payload():
+    """inspect describes no content a newer reader is needed for (it
+    decoded it with this reader), prints a structure of many nodes as a
+    summary (shared node data made 250 MiB of text from 5 KB), and formats
+    each distinct leaf once, clipped."""
+    data = jaxcolo.serialize({"a": np.dtype("f4")}, compress=False)
+    h = envelope.read_header(data)
+    future = envelope.seal(envelope.open_body(data, h), h.root_kind, 9, 9)
+    info = jaxcolo.inspect(future)
+    assert info["readable_by_versions"] == []
+    assert info["content_unavailable"] == "needs a reader of version >= 9"
+    assert "structure" not in info and "leaves" not in info
+    wide = [None] * 5000
+    info = jaxcolo.inspect(jaxcolo.serialize(wide))
+    assert info["structure"].startswith("PyTreeDef of 5001 nodes and 0 "
+                                        "leaves (not printed")
+    long_names = jax.sharding.Mesh(np.array(jax.devices()).reshape(8),
+                                   ("x" * 5000,))
+    info = jaxcolo.inspect(jaxcolo.serialize([long_names] * 300))
+    assert len(info["leaves"]) == 256
+    assert info["leaves"][0].endswith("characters)") and \
+        len(info["leaves"][0]) < 2100
+
+
 def test_memoryviews_that_are_not_contiguous_bytes():
     data = jaxcolo.serialize([np.dtype("f4"), None])
     assert jaxcolo.deserialize(memoryview(data)) == [np.dtype("f4"), None]

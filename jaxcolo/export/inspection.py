@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from jaxcolo.errors import PayloadError, UnavailableHereError
 from jaxcolo.export import versions
+from jaxcolo.inspection import describe_leaves, describe_structure
 from jaxcolo.export.decode import deserialize
 from jaxcolo.export.detect import reader_verdict, releases_reading, scan, \
     version_range
@@ -56,12 +57,12 @@ def inspect_jax_export(data, nested: bool = False) -> dict:
         "platforms": list(exp.platforms),
         "nr_devices": exp.nr_devices,
         "calling_convention_version": exp.calling_convention_version,
-        "in_tree": str(exp.in_tree),
-        "out_tree": str(exp.out_tree),
-        "in_avals": [str(a) for a in exp.in_avals[:256]],
-        "out_avals": [str(a) for a in exp.out_avals[:256]],
-        "in_shardings": [str(s) for s in exp.in_shardings_hlo[:256]],
-        "out_shardings": [str(s) for s in exp.out_shardings_hlo[:256]],
+        "in_tree": describe_structure(exp.in_tree),
+        "out_tree": describe_structure(exp.out_tree),
+        "in_avals": describe_leaves(exp.in_avals, str),
+        "out_avals": describe_leaves(exp.out_avals, str),
+        "in_shardings": describe_leaves(exp.in_shardings_hlo, str),
+        "out_shardings": describe_leaves(exp.out_shardings_hlo, str),
         "ordered_effects": [str(e) for e in exp.ordered_effects],
         "unordered_effects": [str(e) for e in exp.unordered_effects],
         "disabled_safety_checks": [str(c) for c in
