@@ -649,6 +649,20 @@ def test_inspect_stays_within_the_payload():
         len(info["leaves"][0]) < 2100
 
 
+def test_an_effect_readers_cannot_find_is_an_encode_error():
+    """A stateless effect type neither registered nor known to JAX was
+    written by name, and then not even this process could read it."""
+    class LocalEffect(core.Effect):
+        pass
+
+    with pytest.raises(jaxcolo.EncodeError, match="neither registered nor "
+                       "one of JAX's effect types"):
+        jaxcolo.serialize([LocalEffect()])
+    jaxcolo.register_effect(LocalEffect)
+    assert type(jaxcolo.deserialize(jaxcolo.serialize([LocalEffect()]))[0]) \
+        is LocalEffect
+
+
 def test_memoryviews_that_are_not_contiguous_bytes():
     data = jaxcolo.serialize([np.dtype("f4"), None])
     assert jaxcolo.deserialize(memoryview(data)) == [np.dtype("f4"), None]

@@ -82,6 +82,12 @@ def _effect_item(eff, path):
             return (name, bytes(blob))
     else:
         name = _qualified(t)
+        found = effect_type_by_name(name)
+        if found is None or found[0] is not t:  # a reader could not find it
+            raise EncodeError(
+                f"effect type {name!r} is neither registered nor one of "
+                "JAX's effect types; register it on both sides with "
+                "jaxcolo.register_effect(type)", path)
     if not _is_stateless(eff):
         raise EncodeError(
             f"effect {eff!r} carries state; register it with "
