@@ -179,6 +179,11 @@ def test_symbolic_exponents_are_bounded(monkeypatch):
     # Nested max/min of long sums cost their length squared.
     ("max(max(" + " + ".join(f"a{i}" for i in range(40)) + ", b), c)",
      r"nested max/min in more than 128 characters"),
+    # max(a + b, 0) is a + b: 17 such factors multiply out to 2**17 terms
+    # (12 s in 300 characters); so do powers of them.
+    ("*".join(f"max(a{i}+b{i},0)" for i in range(17)),
+     r"multiplies out to more than 512 terms"),
+    ("max(a+b+c+d+e+f+g+h,0)^4", r"multiplies out to more than 512 terms"),
 ])
 def test_costly_symbolic_text_is_refused_fast(monkeypatch, text, reason):
     """Text whose parse time JAX makes exponential (or unbounded) is refused
@@ -211,6 +216,10 @@ def test_costly_symbolic_text_within_limits_round_trips():
                        r"allows a [0-9]+-byte payload"):
         jaxcolo.serialize(many)
     assert jaxcolo.deserialize(jaxcolo.serialize(many[:8])) == many[:8]
+    (wide,) = export.symbolic_shape(
+        "*".join(f"max(a{i}+b{i},0)" for i in range(9)), scope=scope)
+    y = jax.ShapeDtypeStruct((wide,), np.float32)  # 512 terms: the limit
+    assert jaxcolo.deserialize(jaxcolo.serialize(y)) == y
 
 
 @pytest.mark.parametrize("text", ["-5", "5", "-9223372036854775809"])

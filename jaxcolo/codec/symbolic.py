@@ -7,7 +7,10 @@ Symbolic dimensions and constraints travel as the text JAX prints for them
 * powers: ``a^N`` multiplies N times;
 * nested ``max``/``min``: each level costs about 2.5x the one inside it
   (JAX works out bounds of both operands), so ``max`` nested 15 deep in
-  150 characters would take hours.
+  150 characters would take hours;
+* products of sums: JAX multiplies them out, so a product of k two-term
+  factors builds 2**k terms (a bound of the terms, by JAX's grammar, is
+  charged and limited to :data:`MAX_TERMS`).
 
 So the text is tokenized first, with the tokenizer JAX's parser uses (it
 reads ``1_000`` and line continuations exactly as the parser will), and on
@@ -115,7 +118,91 @@ def _parse_cost(text: str) -> tuple[int, str | None]:
         return 0, f"is not valid symbolic text ({e.args[0]})"
     if inside:  # unclosed: the parser will refuse it
         cost += _MINMAX_COST[group]
-    return cost, None
+    terms = _Expansion(text).bound()
+    if terms > MAX_TERMS:
+        return 0, (f"multiplies out to more than {MAX_TERMS} terms")
+    return cost + _TERM_COST * terms, None
+
+
+# JAX multiplies products of sums out (max(a + b, 0) is a + b once bounds
+# show a + b >= 0), so a product of k two-term factors builds 2**k terms
+# (17 such factors in 300 characters: 12 s).  ~90 us per term.
+MAX_TERMS = 512
+_TERM_COST = 25
+_OPERATIONS = ("max", "min", "mod", "floordiv")
+_MAX_DEPTH = 64
+
+
+class _Expansion:
+    """An upper bound of the terms JAX's parser builds for a text, by its
+    grammar (sums of products of powers of names, numbers and operations
+    on two sums); anything else is left to the parser to refuse."""
+
+    def __init__(self, text: str):
+        self.toks = [(t.exact_type, t.string) for t in tokenize.generate_tokens(
+            io.StringIO(text).readline) if t.exact_type not in _SKIPPED]
+        self.i = 0
+
+    def bound(self) -> int:
+        total = 0
+        try:
+            while self.i < len(self.toks) and total <= MAX_TERMS:
+                kind = self.toks[self.i][0]
+                if kind in (tokenize.NAME, tokenize.NUMBER, tokenize.MINUS,
+                            tokenize.PLUS):
+                    total += self.expr(0)
+                else:  # shape parentheses, commas, comparisons
+                    self.i += 1
+        except (IndexError, ValueError, RecursionError):
+            return MAX_TERMS + 1 if total > MAX_TERMS else total
+        return total
+
+    def _peek(self):
+        return self.toks[self.i][0] if self.i < len(self.toks) else None
+
+    def expr(self, depth: int) -> int:
+        if depth > _MAX_DEPTH:
+            raise ValueError("too deep")
+        if self._peek() in (tokenize.PLUS, tokenize.MINUS):
+            self.i += 1
+        total = self.term(depth)
+        while self._peek() in (tokenize.PLUS, tokenize.MINUS):
+            self.i += 1
+            total = min(total + self.term(depth), MAX_TERMS + 1)
+        return total
+
+    def term(self, depth: int) -> int:
+        product = 1
+        while True:
+            factor = self.factor(depth)
+            if self._peek() == tokenize.CIRCUMFLEX:
+                self.i += 1
+                power = int(self.toks[self.i][1]) if \
+                    self._peek() == tokenize.NUMBER else 1
+                self.i += 1
+                factor = min(factor ** min(power, MAX_EXPONENT),
+                             MAX_TERMS + 1)
+            product = min(product * factor, MAX_TERMS + 1)
+            if self._peek() != tokenize.STAR:
+                return product
+            self.i += 1
+
+    def factor(self, depth: int) -> int:
+        kind, text = self.toks[self.i]
+        self.i += 1
+        if kind == tokenize.NAME and text in _OPERATIONS and \
+                self._peek() == tokenize.LPAR:
+            self.i += 1
+            first = self.expr(depth + 1)
+            if self._peek() != tokenize.COMMA:
+                raise ValueError("not an operation")
+            self.i += 1
+            second = self.expr(depth + 1)
+            self.i += 1  # the closing parenthesis
+            return max(first, second)  # one operand, or the operation
+        if kind == tokenize.MINUS:  # a negative number
+            self.i += 1
+        return 1
 
 
 def _charge_group(group: int, length: int) -> int | str:
