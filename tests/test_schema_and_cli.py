@@ -35,18 +35,25 @@ def test_schema_conforms_to_every_frozen_version():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def _schema_variant(tmp_path, file, old, new) -> str:
+    """A copy of schema/ (without history) with ``old`` replaced by ``new``
+    in ``file``; its directory."""
+    d = tmp_path / f"v{abs(hash(new)) % 10000}"
+    shutil.copytree(os.path.join(ROOT, "schema"), d,
+                    ignore=shutil.ignore_patterns("history"))
+    text = (d / file).read_text()
+    assert old in text
+    (d / file).write_text(text.replace(old, new, 1))
+    return str(d)
+
+
 @needs_flatc
 def test_conform_rejects_incompatible_and_accepts_appends(tmp_path):
     schema = os.path.join(ROOT, "schema")
 
     def variant(old, new):
-        d = tmp_path / f"v{abs(hash(new)) % 1000}"
-        shutil.copytree(schema, d, ignore=shutil.ignore_patterns("history"))
-        spec = d / "spec.fbs"
-        text = spec.read_text()
-        assert old in text
-        spec.write_text(text.replace(old, new, 1))
-        return check_schema.conform(schema, str(d / "jaxcolo.fbs"))
+        d = _schema_variant(tmp_path, "spec.fbs", old, new)
+        return check_schema.conform(schema, os.path.join(d, "jaxcolo.fbs"))
 
     # Removing a field, renumbering an enum: refused.
     assert variant("  string_na: StringNA;         // string: kind of na_object\n", "").returncode != 0
@@ -64,12 +71,8 @@ def test_schema_check_catches_what_conform_does_not(tmp_path):
     schema = os.path.join(ROOT, "schema")
 
     def variant(file, old, new):
-        d = tmp_path / f"v{abs(hash(new)) % 10000}"
-        shutil.copytree(schema, d, ignore=shutil.ignore_patterns("history"))
-        text = (d / file).read_text()
-        assert old in text
-        (d / file).write_text(text.replace(old, new, 1))
-        return check_schema.compare_names(schema, str(d))
+        return check_schema.compare_names(
+            schema, _schema_variant(tmp_path, file, old, new))
 
     assert check_schema.compare_names(schema, schema) == []
     assert variant("executor.fbs", "  frame = 2 ", "  ") == \
@@ -89,12 +92,7 @@ def test_schema_check_catches_what_neither_compares(tmp_path, monkeypatch):
     schema = os.path.join(ROOT, "schema")
 
     def variant(file, old, new):
-        d = tmp_path / f"v{abs(hash(new)) % 10000}"
-        shutil.copytree(schema, d, ignore=shutil.ignore_patterns("history"))
-        text = (d / file).read_text()
-        assert old in text
-        (d / file).write_text(text.replace(old, new, 1))
-        return str(d)
+        return _schema_variant(tmp_path, file, old, new)
 
     assert check_schema.compare_declarations(schema, schema) == []
     d = variant("jaxcolo.fbs", "root_type SpecTree;", "root_type Program;")
