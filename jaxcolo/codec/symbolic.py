@@ -70,11 +70,13 @@ def _parse_cost(text: str) -> tuple[int, str | None]:
     # group; names in the current product term
     prev = prev_text = None
     group_start = 0
+    toks = []  # (kind, text) of the significant tokens, for _Expansion
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             kind = tok.exact_type
             if kind in _SKIPPED:
                 continue
+            toks.append((kind, tok.string))
             if kind == tokenize.NUMBER and prev == tokenize.CIRCUMFLEX:
                 try:
                     power = int(tok.string)
@@ -118,7 +120,7 @@ def _parse_cost(text: str) -> tuple[int, str | None]:
         return 0, f"is not valid symbolic text ({e.args[0]})"
     if inside:  # unclosed: the parser will refuse it
         cost += _MINMAX_COST[group]
-    terms = _Expansion(text).bound()
+    terms = _Expansion(toks).bound()
     if terms > MAX_TERMS:
         return 0, (f"multiplies out to more than {MAX_TERMS} terms")
     return cost + _TERM_COST * terms, None
@@ -138,9 +140,8 @@ class _Expansion:
     grammar (sums of products of powers of names, numbers and operations
     on two sums); anything else is left to the parser to refuse."""
 
-    def __init__(self, text: str):
-        self.toks = [(t.exact_type, t.string) for t in tokenize.generate_tokens(
-            io.StringIO(text).readline) if t.exact_type not in _SKIPPED]
+    def __init__(self, toks: list):
+        self.toks = toks  # (exact token type, text), layout tokens left out
         self.i = 0
 
     def bound(self) -> int:
