@@ -10,11 +10,21 @@ Flags: bit 0 (``FLAG_ZLIB``) = the body is the flatbuffer deflated with zlib
 bounded: at most ``MAX_INFLATE_RATIO`` times the stored size and ``MAX_BODY``
 bytes in all, so memory stays proportional to the payload size; writers only
 compress bodies within that ratio, so every payload they write is readable.
+
+A payload may hold other payloads (a program's specs, a bundle's specs, a
+message's program), each maybe compressed, so per-envelope ratios would
+multiply.  Decoders marked :func:`shares_inflation` therefore share one budget
+for everything they open, directly or nested: ``NESTED_INFLATE_RATIO`` times
+the stored size of the first (outermost) envelope, plus ``INFLATE_FLOOR``.
+A writer's nested payloads are compressed data, which does not compress
+again, so what it writes inflates well within that.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+import contextvars
+import functools
 import struct
 import zlib
 
@@ -29,6 +39,10 @@ FLAG_ZLIB = 0x01
 KNOWN_FLAGS = FLAG_ZLIB
 MAX_INFLATE_RATIO = 256
 MAX_BODY = 2**31 - 1  # the flatbuffer size limit
+# One decode (an envelope and every payload nested in it) inflates at most
+# this many times the outermost envelope's stored size, plus the floor.
+NESTED_INFLATE_RATIO = 4 * MAX_INFLATE_RATIO
+INFLATE_FLOOR = 1 << 20
 
 
 # Root kind -> the versions.py feature that introduced it.
@@ -61,12 +75,83 @@ def seal(body: bytes | bytearray, root_kind: int, writer_version: int,
     return head + body
 
 
+class Inflation:
+    """What is left of one decode's inflation budget, in bytes (None: not
+    yet set; the first envelope opened sets it)."""
+    __slots__ = ("left",)
+
+    def __init__(self, left: int | None = None):
+        self.left = left
+
+    def copy(self) -> "Inflation":
+        return Inflation(self.left)
+
+
+_INFLATION: contextvars.ContextVar = contextvars.ContextVar(
+    "jaxcolo_inflation", default=None)
+
+
+def current_inflation() -> Inflation | None:
+    """The budget of the enclosing decode (None outside any)."""
+    return _INFLATION.get()
+
+
+class inflation_scope:
+    """Context manager: every envelope opened inside shares one inflation
+    budget: ``budget`` if given (to decode later the payloads nested in one
+    decoded earlier, e.g. a message's program), else the enclosing scope's,
+    else a new one."""
+    __slots__ = ("_budget", "_token")
+
+    def __init__(self, budget: Inflation | None = None):
+        self._budget = budget
+
+    def __enter__(self) -> Inflation:
+        budget = self._budget
+        if budget is None:
+            budget = _INFLATION.get()
+            if budget is not None:
+                self._token = None
+                return budget
+            budget = Inflation()
+        self._token = _INFLATION.set(budget)
+        return budget
+
+    def __exit__(self, *exc):
+        if self._token is not None:
+            _INFLATION.reset(self._token)
+        return False
+
+
+def shares_inflation(decode):
+    """Decorate a decoder so that it and everything it decodes (nested
+    payloads) share one inflation budget; called inside another decorated
+    decoder, it shares that one's."""
+    @functools.wraps(decode)
+    def scoped(*args, **kwargs):
+        if _INFLATION.get() is not None:
+            return decode(*args, **kwargs)
+        token = _INFLATION.set(Inflation())
+        try:
+            return decode(*args, **kwargs)
+        finally:
+            _INFLATION.reset(token)
+    return scoped
+
+
 def open_body(data, header: Header) -> bytes:
-    """The flatbuffer after the header, inflated if it is compressed."""
+    """The flatbuffer after the header, inflated if it is compressed (within
+    the enclosing :func:`shares_inflation` budget, if any)."""
     stored = bytes(memoryview(data)[HEADER_SIZE:])
+    budget = _INFLATION.get()
+    if budget is not None and budget.left is None:
+        budget.left = NESTED_INFLATE_RATIO * len(stored) + INFLATE_FLOOR
     if not header.flags & FLAG_ZLIB:
         return stored
     limit = min(MAX_BODY, MAX_INFLATE_RATIO * len(stored))
+    shared = budget is not None and budget.left < limit
+    if shared:
+        limit = budget.left
     inflater = zlib.decompressobj()
     try:
         body = inflater.decompress(stored, limit)
@@ -74,8 +159,15 @@ def open_body(data, header: Header) -> bytes:
         raise PayloadError(f"corrupt compressed body: {e}", "$.body") \
             from None
     if not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
+        if shared and not inflater.eof and len(body) == limit:
+            raise PayloadError(
+                "compressed payloads nested in this one inflate beyond "
+                f"{NESTED_INFLATE_RATIO}x the outermost payload's stored "
+                "size", "$.body")
         raise PayloadError("compressed body is truncated, too large or has "
                            "trailing bytes", "$.body")
+    if budget is not None:
+        budget.left -= len(body)
     return body
 
 

@@ -40,6 +40,7 @@ def readable_by(header) -> list[int]:
 
 
 @reports_malformed
+@envelope.shares_inflation
 def inspect(data) -> dict:
     """Describe any jaxcolo payload, or a JAX export payload (recognised by
     the absence of jaxcolo's magic).  Raises PayloadError for bad bytes."""

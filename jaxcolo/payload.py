@@ -53,6 +53,7 @@ def serialize(obj: Any, version: int | None = None, *,
 
 
 @reports_malformed
+@envelope.shares_inflation
 def deserialize(data, device_resolver=None) -> Any:
     """Decode any jaxcolo payload.  Raises PayloadError for bad bytes."""
     header = envelope.read_header(data)

@@ -4,6 +4,7 @@ import os
 import random
 import struct
 import sys
+import tracemalloc
 
 import jax
 import zlib
@@ -13,7 +14,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jaxcolo
+import jaxcolo.export
+import jaxcolo_fb as fb
 from jaxcolo import envelope
+from jaxcolo.fastbuilder import FastBuilder
 from tests import corpus
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
@@ -198,3 +202,106 @@ def test_property_roundtrip(tree):
     out = jaxcolo.deserialize(jaxcolo.serialize(tree))
     assert out == tree
     assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(tree)
+
+
+# --- nested compressed payloads: one inflation budget per decode ----------
+
+def _zeros_spec_payload(n: int) -> bytes:
+    """A spec-tree envelope whose body deflates ``n`` zero bytes (fixed
+    Huffman: about n/160 stored, within the per-envelope ratio, and the
+    stored bytes are themselves very compressible)."""
+    c = zlib.compressobj(9, zlib.DEFLATED, 15, 9, zlib.Z_FIXED)
+    stored = c.compress(bytes(n)) + c.flush()
+    assert n <= envelope.MAX_INFLATE_RATIO * len(stored)
+    return envelope.HEADER.pack(
+        envelope.MAGIC, jaxcolo.SCHEMA_VERSION, 1, fb.RootKind.spec_tree,
+        envelope.FLAG_ZLIB, 0, zlib.crc32(stored)) + stored
+
+
+def _bundle_around(specs: bytes) -> bytes:
+    exp = jax.export.export(jax.jit(lambda x: x))(
+        jax.ShapeDtypeStruct((2,), np.float32))
+    b = FastBuilder()
+    specs_off = b.CreateByteVector(specs)
+    exp_off = b.CreateByteVector(bytes(jaxcolo.export.serialize(exp)))
+    fb.ExportBundleStart(b)
+    fb.ExportBundleAddExported(b, exp_off)
+    fb.ExportBundleAddExportedVersion(b, 11)
+    fb.ExportBundleAddSpecs(b, specs_off)
+    b.Finish(fb.ExportBundleEnd(b))
+    return envelope.seal(b.Output(), fb.RootKind.export_bundle,
+                         jaxcolo.SCHEMA_VERSION, 2, compress=True)
+
+
+def _program_around(specs: bytes) -> bytes:
+    b = FastBuilder()
+    name = b.CreateString("f")
+    body = b.CreateByteVector(b"not a pickle")
+    in_specs = b.CreateByteVector(specs)
+    ids = b.CreateNumpyVector(np.array([0], np.int64))
+    fb.ProgramStart(b)
+    fb.ProgramAddName(b, name)
+    fb.ProgramAddKind(b, fb.ProgramKind.function)
+    fb.ProgramAddBody(b, body)
+    fb.ProgramAddInSpecs(b, in_specs)
+    fb.ProgramAddDeviceIds(b, ids)
+    b.Finish(fb.ProgramEnd(b))
+    return envelope.seal(b.Output(), fb.RootKind.program,
+                         jaxcolo.SCHEMA_VERSION, 2, compress=True)
+
+
+def _peak_while(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
+
+
+@pytest.mark.parametrize("container", [_bundle_around, _program_around])
+def test_nested_compressed_payloads_share_one_inflation_budget(container):
+    # 32 MiB of zeros in a ~2 KB payload: each envelope alone is within its
+    # own 256x ratio, but the ratios multiply through the nesting.
+    data = container(_zeros_spec_payload(32 << 20))
+    budget = envelope.NESTED_INFLATE_RATIO * len(data) + envelope.INFLATE_FLOOR
+    assert budget < 4 << 20 and len(data) < 4000
+
+    def decode():
+        with pytest.raises(jaxcolo.PayloadError,
+                           match=r"nested in this one inflate beyond "
+                                 r"1024x.* - at \$\.(specs|in_specs)\.body"):
+            jaxcolo.deserialize(data)
+    assert _peak_while(decode) < 4 * budget  # inflating 32 MiB: refused
+    with pytest.raises(jaxcolo.PayloadError, match="nested in this one"):
+        jaxcolo.inspect(data)
+
+
+def test_a_message_and_its_program_share_the_inflation_budget():
+    # the worker decodes a registered program after its message: the
+    # program's nested specs still count against the message's budget
+    from jaxcolo.colocated.program import ProgramRef
+    from jaxcolo.process import messages, worker
+    program = _program_around(_zeros_spec_payload(32 << 20))
+    frame = messages.encode(messages.Message(
+        fb.MessageKind.register, program_id=ProgramRef.of(program).id,
+        program=program))
+    m = messages.decode(frame)
+    assert m.inflation is not None
+
+    def decode():
+        with pytest.raises(jaxcolo.PayloadError, match="nested in this one"):
+            worker._decode_importing(m.program, m.inflation)
+    assert _peak_while(decode) < 16 << 20  # inflating 32 MiB: refused
+
+
+def test_writers_nested_payloads_stay_within_the_inflation_budget():
+    # a large, very compressible spec tree (compressed) inside a compressed
+    # bundle is read back: what writers produce fits the shared budget
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
+    tree = [jax.ShapeDtypeStruct((8, 8), np.float32, sharding=jax.NamedSharding(
+        mesh, jax.P("a", "b"))) for _ in range(3000)]
+    data = jaxcolo.export.bundle(jax.export.export(jax.jit(lambda x: x))(
+        jax.ShapeDtypeStruct((2,), np.float32)), tree)
+    assert jaxcolo.deserialize(data).specs == tree

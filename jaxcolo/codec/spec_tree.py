@@ -242,6 +242,7 @@ def open_spec_tree(data, reader_version=None, header=None):
     return header, buf, buf.root("$")
 
 
+@envelope.shares_inflation
 def decode_spec_tree(data, device_resolver=None, header=None):
     """The object of spec-tree payload ``data``; ``header``: its envelope
     header, already read and checked by the caller."""

@@ -168,6 +168,7 @@ class RawProgram:
     source_info: str | None
 
 
+@envelope.shares_inflation
 def read_program(data, reader_version: int | None = None) -> RawProgram:
     """Check the envelope and the Program table; decode no nested payload."""
     header = envelope.read_header(data)
@@ -241,6 +242,7 @@ def _decode_specs(data: bytes, field: str, resolver, writer_version: int, *,
     return tree
 
 
+@envelope.shares_inflation
 def decode_program(data, device_resolver=None) -> Program:
     """Decode a program payload without unpickling its body.
 

@@ -62,6 +62,7 @@ def bundle(exp, specs=None, *, vjp_order: int = 0, version: int | None = None,
                          min_reader)
 
 
+@envelope.shares_inflation
 def open_bundle(data, reader_version=None):
     """(exported bytes, spec payload bytes or None), envelope checked."""
     header = envelope.read_header(data)
@@ -80,6 +81,7 @@ def open_bundle(data, reader_version=None):
     return exported, specs
 
 
+@envelope.shares_inflation
 def unbundle(data, device_resolver=None) -> ExportBundle:
     """Decode a bundle.  PayloadError (with the inner field path, e.g.
     ``$.exported.in_tree``) for anything malformed."""

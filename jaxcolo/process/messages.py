@@ -86,6 +86,10 @@ class Message:
     heartbeat_ms: int = 0
     pid: int = 0
     text: str | None = None
+    # the inflation budget of this message's decode (envelope.Inflation):
+    # the payloads nested in it (a program, specs) decoded later share it
+    inflation: object = dataclasses.field(default=None, compare=False,
+                                          repr=False)
 
     @property
     def kind_name(self) -> str:
@@ -269,6 +273,7 @@ MAX_SEGMENT = 1 << 46
 _RESUME_SINCE = versions.FEATURE_SINCE["message_resume"]
 
 
+@envelope.shares_inflation
 def decode(data, reader_version: int | None = None) -> Message:
     """Decode a message payload; PayloadError for anything malformed."""
     header = envelope.read_header(data)
@@ -279,6 +284,7 @@ def decode(data, reader_version: int | None = None) -> Message:
     body = envelope.open_body(data, header)
     m = templates.match(body, header)
     if m is not None:
+        m.inflation = envelope.current_inflation()
         return m
     m = _decode_body(body)
     if m.kind == MessageKind.resume and \
@@ -291,6 +297,7 @@ def decode(data, reader_version: int | None = None) -> Message:
         if nested is not None:
             envelope.check_nested_declared(nested, header, f"$.{field}")
     templates.learn(body, header, m, _encode)
+    m.inflation = envelope.current_inflation()
     return m
 
 

@@ -22,6 +22,7 @@ from concurrent.futures import Future
 import jax
 from jax._src import tree_util as jtu
 
+from jaxcolo import envelope
 from jaxcolo.codec import spec_tree
 from jaxcolo.colocated import specs as specs_mod
 from jaxcolo.errors import ExecutorError, PayloadError
@@ -222,8 +223,10 @@ class Call:
         for h, (m, _, _) in zip(self.plan.hosts[1:], parts[1:]):
             if m.specs == specs:
                 continue
-            other = None if m.specs is None else \
-                spec_tree.decode_spec_tree(m.specs)
+            other = None
+            if m.specs is not None:  # within the reply's inflation budget
+                with envelope.inflation_scope(m.inflation):
+                    other = spec_tree.decode_spec_tree(m.specs)
             if other != tree:
                 raise ValueError(
                     f"{self.plan.name}: hosts {h0} and {h} returned outputs "
@@ -233,7 +236,8 @@ class Call:
         specs = parts[0][0].specs
         if specs is None:
             raise PayloadError("discovery result without specs", "$.specs")
-        tree = spec_tree.decode_spec_tree(specs)
+        with envelope.inflation_scope(parts[0][0].inflation):
+            tree = spec_tree.decode_spec_tree(specs)
         self._check_hosts_agree(parts, specs, tree)
         leaves = jtu.tree_leaves(tree)
         for i, s in enumerate(leaves):

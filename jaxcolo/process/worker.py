@@ -36,6 +36,7 @@ import threading
 import time
 
 from jaxcolo_fb import BufferWhere, MessageKind as K
+from jaxcolo import envelope
 from jaxcolo.colocated.body import loads_body
 from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.colocated.program import ProgramRef, decode_program, read_program
@@ -61,20 +62,27 @@ class _Program:
         self.in_layouts = None
 
 
-def _decode_importing(payload: bytes):
+def _decode_importing(payload: bytes, inflation=None):
     """decode_program; when its specs name a namedtuple or registered
     pytree node this process has not seen yet, once more after unpickling
     the body, which imports the modules it refers to (where the type is
     defined, or registered).  The body is the program's own code, which
-    this worker runs anyway; loaded here only to import, then dropped."""
+    this worker runs anyway; loaded here only to import, then dropped.
+    ``inflation``: the budget of the message that carried the program
+    (each attempt starts from what was left of it)."""
+    start = inflation.copy() if inflation is not None else None
     try:
-        return decode_program(payload)
+        with envelope.inflation_scope(inflation):
+            return decode_program(payload)
     except UnregisteredError as first:
         try:
-            loads_body(read_program(payload).body)
+            with envelope.inflation_scope(start and start.copy()):
+                body = read_program(payload).body
+            loads_body(body)
         except Exception:  # noqa: BLE001 - the first error says more
             raise first from None
-        return decode_program(payload)
+        with envelope.inflation_scope(start):
+            return decode_program(payload)
 
 
 def _reason(e: BaseException) -> str:
@@ -328,7 +336,7 @@ class Session:
                                "content", "$.program_id")
         entry = _Program(ref)
         try:
-            prog = _decode_importing(ref.payload)
+            prog = _decode_importing(ref.payload, m.inflation)
             entry.decoded = prog
             entry.in_layouts = [arrays.Layout(s, True)
                                 for s in prog.in_leaves]

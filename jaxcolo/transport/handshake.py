@@ -84,6 +84,7 @@ def encode_hello(hello: Hello) -> bytes:
     return envelope.seal(b.Output(), RootKind.hello, since, since)
 
 
+@envelope.shares_inflation
 def decode_hello(data) -> Hello:
     """Read a peer's Hello.  Only the envelope's checksum and root kind are
     judged here, not its version: the point is to compare versions."""
