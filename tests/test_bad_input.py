@@ -305,3 +305,46 @@ def test_writers_nested_payloads_stay_within_the_inflation_budget():
     data = jaxcolo.export.bundle(jax.export.export(jax.jit(lambda x: x))(
         jax.ShapeDtypeStruct((2,), np.float32)), tree)
     assert jaxcolo.deserialize(data).specs == tree
+
+
+# --- rebuilding PyTreeDefs: node copies bounded by the payload size -------
+
+def _deep_around_wide(depth: int, width: int):
+    obj = [None] * width
+    for _ in range(depth):
+        obj = (obj,)
+    return obj
+
+
+def test_deep_nesting_around_a_wide_node_is_refused_by_reader_and_writer():
+    # 250 nested 1-tuples around 200,000 Nones: ~25 KB compressed, but
+    # rebuilding the PyTreeDef bottom-up copies every None 250 times
+    from jaxcolo.codec.pytree import FlatTree, build_treedef, copy_budget
+    depth, width = 250, 200_000
+    flat = FlatTree()
+    flat.kinds = bytearray([fb.NodeKind.tuple] * depth + [fb.NodeKind.list] +
+                           [fb.NodeKind.none] * width)
+    flat.arities = [1] * depth + [width]
+    b = FastBuilder()
+    structure = build_treedef(b, flat)
+    empty = b.CreateByteVector(b"")
+    fb.SpecTreeStart(b)
+    fb.SpecTreeAddStructure(b, structure)
+    fb.SpecTreeAddLeafKinds(b, empty)
+    fb.SpecTreeAddLeafRefs(b, empty)
+    b.Finish(fb.SpecTreeEnd(b))
+    body = b.Output()
+    assert depth * width > copy_budget(len(body))
+    data = envelope.seal(body, fb.RootKind.spec_tree, jaxcolo.SCHEMA_VERSION,
+                         1, compress=True)
+    with pytest.raises(jaxcolo.PayloadError,
+                       match=r"copies nodes out of proportion.* - at "
+                             rf"\$\.structure\.kinds\[{depth}\]"):
+        jaxcolo.deserialize(data)
+    # the writer refuses what readers would: every payload written is read
+    obj = _deep_around_wide(depth, width)
+    with pytest.raises(jaxcolo.EncodeError, match="node copies"):
+        jaxcolo.serialize(obj)
+    # within the budget (the floor covers everyday trees): read back
+    for obj in (_deep_around_wide(depth, 2000), _deep_around_wide(20, width)):
+        assert jaxcolo.deserialize(jaxcolo.serialize(obj)) == obj

@@ -398,3 +398,25 @@ def test_check_agrees_with_the_writer_on_device_platforms(fresh_sharded_exp,
         assert not ok and "platform differs" in reason
     assert check_readable(data, 11)[0]
     assert check_readable(bytes(je.serialize(exp)), 8)[0]
+
+
+def test_deep_and_wide_trees_read_back_as_jax_reads_them():
+    # rebuilt from objects in one flatten (linear in the nodes), equal to
+    # what JAX's own reader builds: nesting, Nones, dict key order, lists
+    def f(tree):
+        return tree[0]["b"][1] * 2
+    arg = [None, jax.ShapeDtypeStruct((2,), jnp.float32)]
+    tree = ({"b": arg, "a": [None] * 300, "c": ()},)
+    for _ in range(60):
+        tree = (tree,)
+    exp = jax.export.export(jax.jit(lambda t: f(_unwrap(t, 60))))(tree)
+    data = je.serialize(exp)
+    ours, theirs = je.deserialize(data), jax.export.deserialize(data)
+    assert ours.in_tree == theirs.in_tree == exp.in_tree
+    assert ours.out_tree == theirs.out_tree
+
+
+def _unwrap(t, n):
+    for _ in range(n):
+        t = t[0]
+    return t

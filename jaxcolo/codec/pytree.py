@@ -34,6 +34,19 @@ _NONE = jtu.tree_structure(None)
 _REGISTRY = jtu.default_registry
 _make = PyTreeDef.from_node_data_and_children
 MAX_DEPTH = 256  # nesting deeper than this is rejected as absurd
+# Rebuilding a PyTreeDef bottom-up copies each node once per ancestor (JAX's
+# from_node_data_and_children copies its children), so a deep chain around
+# a wide node costs nodes x depth.  A body of ``size`` bytes may make at
+# most copy_budget(size) such copies (~35 ns each), summed over its trees;
+# the writer refuses a payload over it.
+COPY_RATIO = 32
+COPY_FLOOR = 1 << 20
+
+
+def copy_budget(size: int) -> int:
+    """Node copies a reader allows rebuilding the trees of a body of
+    ``size`` bytes."""
+    return COPY_RATIO * size + COPY_FLOOR
 
 _NODE_KIND_MAX = NodeKind.custom
 _WITH_DATA = frozenset((NodeKind.dict, NodeKind.namedtuple,
@@ -70,12 +83,13 @@ def resolve_imported(name: str):
 class FlatTree:
     """A PyTreeDef flattened to the wire's preorder arrays."""
 
-    __slots__ = ("kinds", "arities", "node_data")
+    __slots__ = ("kinds", "arities", "node_data", "copies")
 
     def __init__(self):
         self.kinds = bytearray()
         self.arities: list[int] = []
         self.node_data: list[tuple] = []
+        self.copies = 0  # node copies a reader makes rebuilding it
 
 
 def _keys(keys, path):
@@ -101,6 +115,7 @@ SPEC_LEAF_TYPES: set = set()
 def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
     if depth > MAX_DEPTH:
         raise EncodeError(f"pytree nesting deeper than {MAX_DEPTH}", path)
+    out.copies += depth  # copied once into each ancestor
     nd = td.node_data()
     if nd is None:
         out.kinds.append(NodeKind.leaf)
@@ -308,6 +323,7 @@ def decode_treedef(t, path: str):
         return _LEAF
     state = _DecodeState(t.buf, kinds, arities, data_pos, path)
     td = state.node(0)
+    state.budget[0] -= state.copies
     if state.k != len(kinds):
         raise PayloadError(
             f"{len(kinds) - state.k} trailing nodes after the tree",
@@ -319,7 +335,7 @@ def decode_treedef(t, path: str):
 
 class _DecodeState:
     __slots__ = ("buf", "kinds", "arities", "data_pos", "path", "k", "a", "d",
-                 "specs")
+                 "specs", "copies", "budget")
 
     def __init__(self, buf, kinds, arities, data_pos, path):
         self.buf = buf
@@ -332,6 +348,12 @@ class _DecodeState:
         # buffer: the writer stores equal node data once, so trees of many
         # alike nodes read (and are charged for) each shared table once.
         self.specs: dict = buf.memo.setdefault("pytree_nodes", {})
+        # node copies made so far, and what is left of the buffer's budget
+        # (shared by its trees) when this one started
+        self.copies = 0
+        self.budget = buf.memo.get("pytree_copies")
+        if self.budget is None:
+            self.budget = buf.memo["pytree_copies"] = [copy_budget(buf.size)]
 
     def node(self, depth):
         if depth > MAX_DEPTH:
@@ -343,6 +365,7 @@ class _DecodeState:
                                f"{self.path}.kinds")
         kind = self.kinds[k]
         self.k = k + 1
+        self.copies += depth  # copied once into each ancestor
         if kind == NodeKind.leaf:
             return _LEAF
         if kind == NodeKind.none:
@@ -372,6 +395,11 @@ class _DecodeState:
         children = []
         for _ in range(n):
             children.append(self.node(depth + 1))
+        if self.copies > self.budget[0]:
+            raise PayloadError(
+                "rebuilding the tree copies nodes out of proportion to the "
+                f"payload size (over {self.budget[0]} node copies: deep "
+                "nesting around many nodes)", f"{self.path}.kinds[{k}]")
         if kind == NodeKind.tuple:
             return _make(_REGISTRY, (tuple, None), children)
         if kind == NodeKind.list:

@@ -19,7 +19,7 @@ from jaxcolo.codec import core, memo
 from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
 from jaxcolo.codec.mesh import make_resolver
 from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
-    decode_treedef, flatten_treedef, treedef_key, _string_vector
+    copy_budget, decode_treedef, flatten_treedef, treedef_key, _string_vector
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import FastBuilder, offset_vector
 from jaxcolo.wire import Buffer, layout, parse_budget
@@ -168,6 +168,19 @@ def _check_parse_budget(writer, size: int) -> None:
             "use fewer distinct nested max/min expressions", "$")
 
 
+def _check_copy_budget(writer, flat, size: int) -> None:
+    """EncodeError when a reader would refuse to rebuild the payload's trees
+    (the structure and PyTreeDef leaves) as too costly for its size."""
+    treedefs = writer.uniques.get("treedefs")
+    copies = flat.copies + (sum(f.copies for f in treedefs.items)
+                            if treedefs is not None else 0)
+    if copies > copy_budget(size):
+        raise EncodeError(
+            f"rebuilding the pytrees takes {copies} node copies, more than "
+            f"a reader allows a {size}-byte payload ({copy_budget(size)}): "
+            "nest fewer levels around wide nodes", "$")
+
+
 def encode_spec_tree(obj, version: int | None = None,
                      compress: bool = True) -> bytes:
     version = versions.check_writable(version)
@@ -194,6 +207,8 @@ def encode_spec_tree(obj, version: int | None = None,
     body = builder.Output()
     if writer.parsed:
         _check_parse_budget(writer, len(body))
+    if flat.copies > 1 << 19 or "treedefs" in writer.uniques:
+        _check_copy_budget(writer, flat, len(body))
     data = envelope.seal(body, RootKind.spec_tree, version,
                          writer.min_reader, compress)
     memo.remember_encoded(key, leaves, data)

@@ -2,10 +2,10 @@
 
 Encoding follows JAX's writer operation for operation (children first, then
 dict keys / custom name and auxdata, then the node table), so the bytes are
-identical.  Decoding builds the PyTreeDef directly for built-in nodes; a tree
-with custom nodes is rebuilt the way JAX does it (the registered
-``from_children`` over the leaves, then ``tree_structure``) so the result
-equals JAX's.  Only nodes registered with
+identical.  Decoding rebuilds the tree the way JAX does it (the pytree over
+the leaves, custom nodes by their registered ``from_children``, then one
+``tree_structure``) so the result equals JAX's, in time linear in the nodes.
+Only nodes registered with
 ``jax.export.register_pytree_node_serialization`` /
 ``register_namedtuple_serialization`` are custom nodes; nothing is imported.
 """
@@ -23,10 +23,7 @@ from jaxcolo.export.layouts import TREE as L
 
 MAX_DEPTH = 256
 _K = fb.PyTreeDefKind
-_LEAF = jtu.tree_structure(0)
 _NONE = jtu.tree_structure(None)
-_make = jtu.PyTreeDef.from_node_data_and_children
-_REGISTRY = jtu.default_registry
 
 
 # ------------------------------------------------------------------ encode
@@ -117,12 +114,11 @@ class _Node:
 
 
 class _Reader:
-    __slots__ = ("buf", "n_leaves", "has_custom")
+    __slots__ = ("buf", "n_leaves")
 
     def __init__(self, buf):
         self.buf = buf
         self.n_leaves = 0
-        self.has_custom = False
 
     def node(self, t, path, depth):
         if depth > MAX_DEPTH:
@@ -162,7 +158,6 @@ class _Reader:
                            f"{path}.kind")
 
     def custom(self, t, path):
-        self.has_custom = True
         name = t.string(L.custom_name, path, "custom_name")
         if name is None:
             raise PayloadError("custom node without custom_name",
@@ -181,23 +176,6 @@ class _Reader:
             raise PayloadError(f"auxdata of {name!r} could not be decoded: "
                                f"{e!r}", f"{path}.custom_auxdata") from None
         return nodetype, aux, from_children, name
-
-
-def _direct(node):
-    """PyTreeDef of a tree without custom nodes."""
-    if node is None:
-        return _LEAF
-    if not isinstance(node, _Node):
-        return node  # _NONE
-    children = [_direct(c) for c in node.children]
-    if node.kind == _K.tuple:
-        return _make(_REGISTRY, (tuple, None), children)
-    if node.kind == _K.list:
-        return _make(_REGISTRY, (list, None), children)
-    keys = node.keys
-    order = sorted(range(len(keys)), key=keys.__getitem__)
-    return _make(_REGISTRY, (dict, [keys[i] for i in order]),
-                 [children[i] for i in order])
 
 
 def _as_pytree(node, leaves):
@@ -224,8 +202,8 @@ def decode_tree(buf, t, path: str, leaves) -> jtu.PyTreeDef:
     if reader.n_leaves != len(leaves):
         raise PayloadError(f"tree has {reader.n_leaves} leaves but there are "
                            f"{len(leaves)} avals", path)
-    if not reader.has_custom:
-        return _direct(root)
+    # Built as objects and flattened once: linear in the nodes (rebuilding
+    # the PyTreeDef bottom-up would copy each node once per ancestor).
     try:
         td = jtu.tree_structure(_as_pytree(root, iter(leaves)))
     except Exception as e:  # user from_children code rejected the children
