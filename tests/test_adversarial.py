@@ -222,6 +222,58 @@ def test_costly_symbolic_text_within_limits_round_trips():
     assert jaxcolo.deserialize(jaxcolo.serialize(y)) == y
 
 
+# Six chained constraints: JAX's elimination takes over 10**7 steps (~2 s)
+# to work out max(v0, v7), and each one more multiplies that.
+_CHAINED = tuple(f"v{i} >= v{i + 1} + v{i + 2}" for i in range(6))
+
+
+def test_jax_reasoning_about_chained_constraints_is_bounded(monkeypatch):
+    """The reader counts JAX's work inside a scope with constraints, stops
+    it at the payload's parse budget, and leaves the thread's own profile
+    function in place."""
+    import sys
+    real = aval._shape_item
+
+    def shape_item(writer, shape, path):
+        dims, _, scope_ref = real(writer, shape, path)
+        return dims, ("max(v0, v7)",), scope_ref
+    (v0,) = export.symbolic_shape("v0", scope=export.SymbolicScope(_CHAINED))
+    monkeypatch.setattr(aval, "_shape_item", shape_item)
+    data = jaxcolo.serialize(jax.ShapeDtypeStruct((v0,), np.float32))
+    monkeypatch.undo()
+    calls = []
+
+    def outer(frame, event, arg):
+        calls.append(event)
+    sys.setprofile(outer)
+    try:
+        with pytest.raises(jaxcolo.PayloadError, match=(
+                r"parsing 'max\(v0, v7\)' takes JAX's reasoning about the "
+                r"constraints out of proportion.* - at "
+                r"\$\.arrays\.extras\[0\]\.symbolic_dims")):
+            jaxcolo.deserialize(data)
+        assert sys.getprofile() is outer
+    finally:
+        sys.setprofile(None)
+    assert calls  # the outer function ran before and after
+
+
+def test_writers_count_jax_reasoning_about_constraints(monkeypatch):
+    """The writer parses its constrained dims as a reader will, in a fresh
+    scope, and refuses what takes JAX too long; cheap ones round trip."""
+    scope = export.SymbolicScope(("a >= b + 2", "b >= 4"))
+    x = jax.ShapeDtypeStruct(export.symbolic_shape("a, b, max(a, b + 1)",
+                                                   scope=scope), np.float32)
+    assert jaxcolo.deserialize(jaxcolo.serialize(x)) == x
+    monkeypatch.setattr(symbolic, "MAX_TRIAL_EVENTS", 50)
+    memo.clear()
+    with pytest.raises(jaxcolo.EncodeError, match=r"over 50 steps; a reader "
+                       r"would refuse it .* - at \$"):
+        jaxcolo.serialize(jax.ShapeDtypeStruct(export.symbolic_shape(
+            "a", scope=export.SymbolicScope(("a >= b + 2", "b >= 5"))),
+            np.float32))
+
+
 @pytest.mark.parametrize("text", ["-5", "5", "-9223372036854775809"])
 def test_symbolic_marked_dims_must_be_symbolic(monkeypatch, text):
     data = _with_symbolic_text(monkeypatch, text)

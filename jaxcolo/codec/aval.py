@@ -42,7 +42,8 @@ from jaxcolo.codec.dtypes import intern_dtype
 from jaxcolo.codec.layout import build_layout, decode_layout, layout_item
 from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.codec.sharding import intern_sharding
-from jaxcolo.codec.symbolic import check_writable_text, make_scope, parse_shape
+from jaxcolo.codec.symbolic import check_writable_text, make_scope, \
+    parse_shape, trial_parse_units, trial_scope
 from jaxcolo import versions
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector
@@ -100,8 +101,12 @@ def _scope_entry(writer, scope, path) -> int:
     if hit is not None:
         return hit
     key = scope_constraints(scope)
-    writer.parsed[("scope", id(scope))] = sum(
-        check_writable_text(c, path + ".scope") for c in key)
+    units = sum(check_writable_text(c, path + ".scope") for c in key)
+    if key:  # what JAX's reasoning about the constraints costs a reader
+        trial, extra = trial_scope(key, path + ".scope")
+        writer.memo[("trial scope", id(scope))] = trial
+        units += extra
+    writer.parsed[("scope", id(scope))] = units
     _SCOPES[key] = scope  # the latest encoded scope wins (for old readers)
     seen = writer.memo.setdefault("scope constraints", set())
     if key in seen:  # another scope with equal constraints is in this payload
@@ -210,7 +215,11 @@ def _shape_item(writer, shape, path):
             sym.append(text)
             ref = _scope_entry(writer, d.scope, path)
             if (text, ref) not in writer.parsed:  # a reader parses it once
-                writer.parsed[(text, ref)] = check_writable_text(text, path)
+                units = check_writable_text(text, path)
+                trial = writer.memo.get(("trial scope", id(d.scope)))
+                if trial is not None:
+                    units += trial_parse_units(text, trial, path)
+                writer.parsed[(text, ref)] = units
             if scope_ref and ref != scope_ref:
                 raise EncodeError("symbolic dims from different scopes in one "
                                   "shape", path)

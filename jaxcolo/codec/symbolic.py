@@ -28,12 +28,25 @@ both sides:
   total parse work stays proportional to the payload size even when one
   string is referenced from many places; the spec writer adds up the same
   charges and refuses a payload a reader would refuse.
+
+Constraints are the exception no text cost can model: JAX's decision
+procedure combines them by elimination, and chained constraints
+(``v0 >= v1 + 1``, ``v1 >= v2 + 1``, ...) make its work exponential in their
+number (46 of them: hours for one ``max``).  So whatever JAX does inside a
+scope that has constraints (building it, parsing a dim in it) is counted as
+it runs: a profile hook counts Python calls and returns, charges them to the
+same parse budget (:data:`EVENTS_PER_UNIT` per unit) and stops JAX at the
+budget.  The writer runs the same parses in a fresh scope and charges twice
+what it counted.  JAX's work there varies from run to run (it iterates
+sets), so the margin makes a refusal by a reader unlikely, not impossible,
+and only for constraints that take JAX itself seconds.
 """
 
 from __future__ import annotations
 
 import io
 import re
+import sys
 import tokenize
 
 from jax._src.export import shape_poly
@@ -236,12 +249,68 @@ def _charge(buf, text: str, path: str) -> None:
         buf.charge_parse(cost, path)
 
 
+# Profile events (Python calls and returns, ~70-170 ns of JAX's work each)
+# per parse unit.
+EVENTS_PER_UNIT = 32
+# A writer's trial parses stop here (~1 s of JAX's work): EncodeError.
+MAX_TRIAL_EVENTS = 1 << 23
+
+
+class _OutOfBudget(BaseException):
+    """Raised by the counting hook inside JAX; a BaseException so that no
+    ``except Exception`` on the way out swallows it."""
+
+
+def _counted(fn, limit: int):
+    """(fn(), profile events it took); _OutOfBudget past ``limit`` events.
+    The thread's own profile function, if any, is put back after."""
+    events = 0
+
+    def count(frame, event, arg):
+        nonlocal events
+        events += 1
+        if events > limit:
+            raise _OutOfBudget
+
+    previous = sys.getprofile()
+    sys.setprofile(count)
+    try:
+        out = fn()
+    finally:
+        sys.setprofile(previous)
+    return out, events
+
+
+def _has_constraints(scope) -> bool:
+    return bool(scope is not None and scope._explicit_constraints)
+
+
+def _run_charged(fn, buf, what: str, path: str):
+    """fn() (JAX's work on constrained symbolic text), its profile events
+    charged to ``buf``'s parse budget; PayloadError once over it."""
+    try:
+        out, events = _counted(fn, max(buf.parse_left, 0) * EVENTS_PER_UNIT)
+    except _OutOfBudget:
+        raise PayloadError(
+            f"{what} takes JAX's reasoning about the constraints out of "
+            "proportion to the payload size (chained constraints)",
+            path) from None
+    buf.charge_parse(events // EVENTS_PER_UNIT, path)
+    return out
+
+
 def parse_shape(text: str, scope, buf, path: str) -> tuple:
     """``shape_poly.symbolic_shape(text, scope=scope)``, bounded; charged to
     ``buf`` (a wire.Buffer, or None).  PayloadError for any bad text."""
     _charge(buf, text, path)
     try:
+        if buf is not None and _has_constraints(scope):
+            return _run_charged(
+                lambda: shape_poly.symbolic_shape(text, scope=scope), buf,
+                f"parsing {text[:80]!r}", path)
         return shape_poly.symbolic_shape(text, scope=scope)
+    except PayloadError:
+        raise
     except Exception as e:  # syntax errors, absurd nesting
         raise PayloadError(f"invalid symbolic shape {text[:200]!r}: {e}",
                            path) from None
@@ -252,7 +321,51 @@ def make_scope(constraints: tuple, buf, path: str):
     for i, c in enumerate(constraints):
         _charge(buf, c, f"{path}[{i}]")
     try:
+        if buf is not None and constraints:
+            return _run_charged(lambda: shape_poly.SymbolicScope(constraints),
+                                buf, "building the scope", path)
         return shape_poly.SymbolicScope(constraints)
+    except PayloadError:
+        raise
     except Exception as e:
         raise PayloadError(f"invalid symbolic constraints: {e}", path) \
             from None
+
+
+def _trial_units(fn, what: str, path: str):
+    """(fn(), parse units a reader is charged for it, with a 2x margin)."""
+    try:
+        out, events = _counted(fn, MAX_TRIAL_EVENTS)
+    except _OutOfBudget:
+        raise EncodeError(
+            f"{what} takes JAX's reasoning about the constraints over "
+            f"{MAX_TRIAL_EVENTS} steps; a reader would refuse it (chained "
+            "constraints)", path) from None
+    return out, 2 * events // EVENTS_PER_UNIT
+
+
+def trial_scope(constraints: tuple, path: str):
+    """(a fresh scope of ``constraints``, the units a reader is charged for
+    building it beyond its text), as a reader builds it."""
+    try:
+        return _trial_units(lambda: shape_poly.SymbolicScope(constraints),
+                            "building the scope", path)
+    except EncodeError:
+        raise
+    except Exception as e:  # the writer's own scope: not expected
+        raise EncodeError(f"its constraints do not parse back: {e}",
+                          path) from None
+
+
+def trial_parse_units(text: str, scope, path: str) -> int:
+    """The units a reader is charged for parsing ``text`` in ``scope`` (the
+    trial scope of its constraints) beyond its text."""
+    try:
+        return _trial_units(
+            lambda: shape_poly.symbolic_shape(text, scope=scope),
+            f"parsing {text[:80]!r}", path)[1]
+    except EncodeError:
+        raise
+    except Exception as e:
+        raise EncodeError(f"symbolic dim {text[:80]!r} does not parse back: "
+                          f"{e}", path) from None
