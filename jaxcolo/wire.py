@@ -146,6 +146,12 @@ class Buffer:
             ln = _U32(data, s)[0]
             if s + 4 + ln > size:
                 _fail(path, f"string length {ln} exceeds the buffer")
+            # strings at distinct but overlapping positions each decode in
+            # full: their bytes count as reads like vector elements
+            self.reads_left -= ln
+            if self.reads_left < 0:
+                _fail(path, "strings decoded are out of proportion to the "
+                      "payload size (overlapping strings)")
             out = self.strs[s] = _decode_utf8(data, s + 4, ln, path)
         return out
 

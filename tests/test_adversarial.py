@@ -292,9 +292,20 @@ def test_mesh_with_many_axes_is_refused_before_multiplying(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(jaxcolo.PayloadError) as info:
         jaxcolo.deserialize(data)
-    assert "do not match 8 device ids - at $.meshes[0].device_ids" in \
+    assert "20000 mesh axes, more than 256 - at $.meshes[0].axis_names" in \
         str(info.value)
     assert len(str(info.value)) < 300  # the 20,000 sizes are not all quoted
+
+
+def test_abstract_meshes_of_too_many_axes_are_encode_errors():
+    # JAX checks a spec's axes against the tuple of names: axes squared
+    names = tuple(f"a{i}" for i in range(300))
+    am = jmesh.AbstractMesh((1,) * 300, names)
+    with pytest.raises(jaxcolo.EncodeError, match=r"300 mesh axes, more "
+                       r"than 256 - at \$\.axis_names"):
+        jaxcolo.serialize(am)
+    ok = jmesh.AbstractMesh((1,) * 256, names[:256])
+    assert jaxcolo.deserialize(jaxcolo.serialize(ok)) == ok
 
 
 def test_shared_strings_are_decoded_once():

@@ -420,3 +420,63 @@ def _unwrap(t, n):
     for _ in range(n):
         t = t[0]
     return t
+
+
+def _exported_on_abstract_mesh(n_axes: int):
+    """An Exported whose argument and result are sharded over an abstract
+    mesh of ``n_axes`` axes of size 1, every axis named by the spec."""
+    import dataclasses
+    from jax._src import core, mesh as jmesh
+    from jax._src.export import _export as jx
+    base = jax.export.export(jax.jit(lambda x: x))(
+        jax.ShapeDtypeStruct((4,), jnp.float32))
+    names = tuple(f"a{i}" for i in range(n_axes))
+    s = jax.NamedSharding(jmesh.AbstractMesh((1,) * n_axes, names),
+                          jax.P(names))
+    a = core.ShapedArray((4,), jnp.float32)
+    h = jx.named_to_hlo_sharding(s, a)
+    sharded = core.update_aval_with_sharding(a, s)
+    return dataclasses.replace(
+        base, in_avals=(sharded,), out_avals=(sharded,),
+        in_shardings_hlo=(h,), out_shardings_hlo=(h,),
+        _in_named_shardings=(s,), _out_named_shardings=(s,))
+
+
+def test_meshes_of_too_many_axes_are_refused_both_ways():
+    # building the NamedSharding costs JAX axes squared
+    exp = _exported_on_abstract_mesh(300)
+    with pytest.raises(jaxcolo.EncodeError, match=r"300 mesh axes, more than "
+                       r"256 - at \$\..*\.axis_names"):
+        je.serialize(exp)
+    with pytest.raises(jaxcolo.PayloadError, match=r"300 mesh axes, more than "
+                       r"256 - at \$\..*\.axis_names"):
+        je.deserialize(exp.serialize())  # JAX's own writer
+    ok = _exported_on_abstract_mesh(64)
+    data = je.serialize(ok)
+    assert bytes(data) == bytes(ok.serialize())
+    assert je.deserialize(data).in_shardings_hlo == ok.in_shardings_hlo
+
+
+def test_overlapping_strings_count_against_the_read_budget():
+    # n entries of a string vector each start 4 bytes further into one run
+    # whose every word reads as the length k: n * k characters from ~4n bytes
+    import struct
+    from jaxcolo.export.layouts import EXPORTED
+    k = 0x0808
+    n = k // 4
+    base = bytearray(jax.export.export(jax.jit(lambda x: x * 2))(
+        jax.ShapeDtypeStruct((3,), jnp.float32)).serialize())
+    while len(base) % 4:
+        base.append(0)
+    t = Buffer(bytes(base)).root()
+    at = t.pos + struct.unpack_from("<H", base, t.vt + EXPORTED.platforms)[0]
+    vec = len(base)
+    run = vec + 4 + 4 * n
+    struct.pack_into("<I", base, at, vec - at)
+    base += struct.pack("<I", n)
+    for j in range(n):
+        base += struct.pack("<I", run + 4 * j - (vec + 4 + 4 * j))
+    base += struct.pack("<I", k) * (n + k // 4 + 2)
+    with pytest.raises(jaxcolo.PayloadError, match=r"strings decoded are out "
+                       r"of proportion.* - at \$\.platforms\[\d+\]"):
+        je.deserialize(bytes(base))

@@ -34,6 +34,10 @@ _AXIS_TO_FB = {AxisType.Auto: FbAxisType.Auto,
                AxisType.Manual: FbAxisType.Manual}
 _FB_TO_AXIS = {v: k for k, v in _AXIS_TO_FB.items()}
 MAX_ABSTRACT_MESH_SIZE = 1 << 48  # devices an AbstractMesh may describe
+# Axes of a mesh (a concrete one has at most numpy's 64).  JAX checks each
+# axis a PartitionSpec names against the tuple of axis names, so building a
+# NamedSharding costs axes squared: a bound keeps that proportional.
+MAX_MESH_AXES = 256
 
 
 # ---------------------------------------------------------------- resolver
@@ -176,6 +180,10 @@ def _read_axis_types(t, voff, n, path):
 
 
 def _read_axis_names(t, voff, path):
+    n = t.vector_length(voff, 4, path, "axis_names")
+    if n > MAX_MESH_AXES:
+        raise PayloadError(f"{n} mesh axes, more than {MAX_MESH_AXES}",
+                           f"{path}.axis_names")
     names = tuple(t.strings(voff, path, "axis_names"))
     if len(set(names)) != len(names):
         raise PayloadError(f"duplicate axis names {_short(names)}", f"{path}.axis_names")
@@ -329,6 +337,9 @@ def decode_abstract_mesh(reader, t, path):
 
 def intern_abstract_mesh(writer, am, path) -> int:
     writer.require("mesh", path)
+    if len(am.axis_names) > MAX_MESH_AXES:
+        raise EncodeError(f"{len(am.axis_names)} mesh axes, more than "
+                          f"{MAX_MESH_AXES}", path + ".axis_names")
     if any(not 1 <= s <= MAX_DEVICE_ID for s in am.axis_sizes) or \
             bounded_product(am.axis_sizes, MAX_ABSTRACT_MESH_SIZE) is None:
         raise EncodeError(f"abstract mesh axis sizes {am.axis_sizes} must be "

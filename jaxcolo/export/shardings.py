@@ -20,6 +20,7 @@ from jax._src.lib import xla_client as xc
 
 import jaxcolo_jax_export_fb as fb
 from jaxcolo.codec import opsharding
+from jaxcolo.codec.mesh import MAX_MESH_AXES
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.export.layouts import DEVICE as LD, MESH as LM, NAMED as LN, \
     SHARDING as LS, SPEC as LP, SPEC_AXIS as LA
@@ -88,6 +89,9 @@ def decode_abstract_device(t, path):
 # ---------------------------------------------------------- abstract mesh
 
 def encode_abstract_mesh(builder, mesh, row, path) -> int:
+    if len(mesh.axis_names) > MAX_MESH_AXES:
+        raise EncodeError(f"{len(mesh.axis_names)} mesh axes, more than "
+                          f"{MAX_MESH_AXES}", path + ".axis_names")
     try:
         sizes_off = builder.uint_vector(mesh.axis_sizes, 4)
     except struct.error:
@@ -118,6 +122,10 @@ _MESHES: dict = {}
 
 
 def decode_abstract_mesh(t, path):
+    n = t.vector_length(LM.axis_names, 4, path, "axis_names")
+    if n > MAX_MESH_AXES:
+        raise PayloadError(f"{n} mesh axes, more than {MAX_MESH_AXES}",
+                           f"{path}.axis_names")
     sizes = t.ints(LM.axis_sizes, "u32", path, "axis_sizes")
     names = tuple(t.strings(LM.axis_names, path, "axis_names"))
     types = t.bytes(LM.axis_types, path, "axis_types") or b""
