@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import jaxcolo
+from jaxcolo.transport import interrupts
 from tests.colocated_support import cpu_devices, put
 
 
@@ -222,3 +223,65 @@ def test_a_handler_replaced_while_open_is_not_put_back_later():
         signal.signal(signal.SIGINT, saved)
     assert signal.getsignal(signal.SIGINT) is original
     assert seen == []
+
+
+def test_deferral_stays_while_any_executor_is_open():
+    original = signal.getsignal(signal.SIGINT)
+    a = jaxcolo.ProcessExecutor(num_hosts=1)
+    b = jaxcolo.ProcessExecutor(num_hosts=1)
+    try:
+        a.close()  # the first one closed: b still defers SIGINT
+        assert signal.getsignal(signal.SIGINT) is interrupts._handler
+    finally:
+        a.close()
+        b.close()
+    assert signal.getsignal(signal.SIGINT) is original
+
+
+_KILLED_MID_CALL = r"""
+import time, jax, numpy as np, jaxcolo
+
+@jaxcolo.colocated_python
+def slow(x):
+    import time
+    time.sleep(60)
+    return x
+
+slow = slow.specialize(out_specs_fn=lambda x: x)
+big = jax.device_put(np.ones(1 << 20, np.float32), jax.devices()[0])
+ex = jaxcolo.ProcessExecutor(num_hosts=1)
+with jaxcolo.use_executor(ex):
+    future = slow.submit(big)  # 4 MiB: sent in a shared-memory segment
+    print(ex.worker_pids()[0], flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_controllers_segments_are_removed_by_its_worker():
+    """The controller is killed with a shared-memory input in flight: its
+    worker, whose session ends, unlinks the segments it was sent."""
+    def segments(pid):
+        return [n for n in os.listdir("/dev/shm")
+                if n.startswith(f"jaxcolo-{pid}-")]
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_MID_CALL],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(p.stdout.readline())
+        deadline = time.monotonic() + 30
+        while not segments(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert segments(p.pid), "no segment in flight"
+        time.sleep(0.5)  # the worker has mapped it and runs the call
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except OSError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the worker outlived its controller")
+    assert segments(p.pid) == []

@@ -471,6 +471,9 @@ class Session:
         self.channel.close()
         if self._pool is not None:
             self._pool.close()
+        # the controller's segments are this session's: a controller killed
+        # with a call in flight cannot unlink them (one that closed did)
+        self._maps.unlink_all()
         self._maps.clear()
         try:
             self._inline.close()

@@ -32,6 +32,8 @@ class _State:
     depth = 0          # nesting of the main thread's critical sections
     pending = None     # (frame,) of a SIGINT that arrived inside a section
     previous = None    # the handler ours delegates to
+    open = 0           # installs not yet uninstalled
+    replaced: list = []  # tokens of the installs that replaced a handler
 
 
 _state = _State()
@@ -74,30 +76,47 @@ CRITICAL = _Critical()
 
 def install():
     """Route SIGINT through the deferring handler; returns a token for
-    ``uninstall`` (None when nothing was done: outside the main thread,
-    when SIGINT has no Python-level handler (ignored, or the OS default),
-    or when ours is installed already)."""
+    ``uninstall`` (None when nothing was done: outside the main thread, or
+    when SIGINT has no Python-level handler (ignored, or the OS default)).
+    Installs nest: the handler stays ours until every token is uninstalled,
+    whatever the order executors close in."""
     if _thread.get_ident() != _MAIN:
         return None
     with _lock:
         current = signal.getsignal(signal.SIGINT)
-        if current is _handler or not callable(current):
+        if current is _handler:
+            _state.open += 1
+            return _NESTED
+        if not callable(current):
             return None
         token = (current, _state.previous)
         _state.previous = current
+        _state.replaced.append(token)
+        _state.open += 1
         signal.signal(signal.SIGINT, _handler)
         return token
 
 
+_NESTED = ("nested",)  # the token of an install that found ours in place
+
+
 def uninstall(token) -> None:
-    """Undo the ``install`` that returned ``token``: put back the handler
-    it replaced, if ours is still the installed one (else the user's
-    replacement stays), from the main thread (else ours stays, delegating
-    every signal at once while no section runs)."""
+    """Undo the ``install`` that returned ``token``.  The last one to go
+    puts back the handler the first one replaced, if ours is still the
+    installed one (else the user's replacement stays), from the main thread
+    (else ours stays, delegating every signal at once while no section
+    runs).  Earlier ones leave ours in place: another executor is open."""
     if token is None or _thread.get_ident() != _MAIN:
         return
-    replaced, outer = token
     with _lock:
+        _state.open -= 1
+        if _state.open > 0:
+            return
+        first = _state.replaced[0] if _state.replaced else None
+        _state.replaced.clear()
+        if first is None:
+            return
+        replaced, outer = first
         if signal.getsignal(signal.SIGINT) is _handler:
             signal.signal(signal.SIGINT, replaced)
         _state.previous = outer
