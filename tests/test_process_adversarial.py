@@ -184,3 +184,40 @@ def test_dropped_results_return_their_shared_memory(host):
             time.sleep(0.2)
         assert h["segments"] <= 2
         assert float(f(x)[0]) == 1.0
+
+
+_FULL_SHM = r"""
+import jax, numpy as np, jaxcolo
+
+@jaxcolo.colocated_python
+def twice(x):
+    return x * 2
+
+x = jax.device_put(np.arange(3 << 20, dtype=np.float32), jax.devices()[0])
+with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+    for _ in range(2):  # 12 MiB each way: more than /dev/shm holds
+        y = twice(x)
+        assert y.sharding == x.sharding
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 2)
+    assert ex.stats()["lost"] == 0
+print("ok")
+"""
+
+
+def test_a_full_dev_shm_sends_buffers_in_frames():
+    """/dev/shm (of a private mount namespace) has 8 MiB: a tmpfs file is
+    sparse, so writing a mapped segment past that was a SIGBUS killing the
+    controller (input) or the worker (output); buffers now go in frames."""
+    import shutil
+    import subprocess
+    import sys
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("needs a private mount namespace (unshare -m)")
+    script = ("mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "
+              f"{sys.executable} -c \"$0\"")
+    out = subprocess.run(["unshare", "-m", "sh", "-c", script, _FULL_SHM],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "ok"
+    assert "no shared memory for a" in out.stderr

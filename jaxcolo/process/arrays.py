@@ -21,8 +21,9 @@ the controller's ids on both sides.
 
 from __future__ import annotations
 
-import math
 import functools
+import logging
+import math
 
 import jax
 import numpy as np
@@ -38,6 +39,16 @@ INLINE_TOTAL = 8 << 20      # a message carries at most this much data; more
                             # buffers (however small) go out of it too
 FRAME_CHUNK = 16 << 20      # out-of-band frames carry at most this much
 _ALIGN = 64
+log = logging.getLogger(__name__)
+_NO_ROOM_LOGGED = []
+
+
+def _log_no_room(n: int, e: OSError) -> None:
+    if not _NO_ROOM_LOGGED:  # once per process: it repeats per buffer
+        _NO_ROOM_LOGGED.append(True)
+        log.warning("no shared memory for a %d-byte buffer (%s): large "
+                    "buffers go in frames while /dev/shm has no room", n, e)
+
 
 try:
     from jax._src.interpreters.pxla import batched_device_put as _batched_put
@@ -192,6 +203,15 @@ class Packer:
         for i, x in enumerate(xs):
             self.add(i, x, None)
 
+    def _lease(self, n: int):
+        """A shared-memory lease of ``n`` bytes, or None when /dev/shm has
+        no room (the buffer then goes in frames)."""
+        try:
+            return self.pool.lease(n)
+        except OSError as e:
+            _log_no_room(n, e)
+            return None
+
     def _buffer(self, arr, fmt) -> int:
         s = self.s
         j = len(s.where)
@@ -212,8 +232,8 @@ class Packer:
             self._chunks.append(raw if isinstance(raw, bytes)
                                 else raw.tobytes())
             self._data_size += n
-        elif self.pool is not None and n > self.inline_limit:
-            lease = self.pool.lease(n)
+        elif self.pool is not None and n > self.inline_limit and \
+                (lease := self._lease(n)) is not None:
             np.copyto(lease.view, np.frombuffer(raw, np.uint8)
                       if isinstance(raw, bytes) else raw)
             if lease.announce is not None:

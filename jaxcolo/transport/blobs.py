@@ -59,6 +59,10 @@ class _Segment:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
+            # reserve the pages now: a tmpfs file is sparse, and writing
+            # into a mapping of it when /dev/shm is full is a SIGBUS, not
+            # an error (ENOSPC here instead)
+            os.posix_fallocate(fd, 0, size)
             self.mm = mmap.mmap(fd, size)
         except BaseException:
             os.unlink(path)
