@@ -37,6 +37,7 @@ from jaxcolo.transport.interrupts import CRITICAL
 log = logging.getLogger("jaxcolo.executor")
 READ_POLL = 0.05    # seconds between checks of a reader's stop condition
 IDLE_READ = 0.2     # the background reader reads after this long unread
+CLOSE_SEND_WAIT = 1.0  # close() skips the shutdown message behind a stuck send
 
 
 class HostLink:
@@ -330,8 +331,9 @@ class HostLink:
 
     def close(self, shutdown: bool = True) -> None:
         if shutdown and not self._lost:
-            try:
-                self.send(messages.Message(K.shutdown))
+            try:  # not behind a send the worker stopped reading
+                self.channel.send_if_idle(messages.encode(messages.Message(
+                    K.shutdown), self.version), CLOSE_SEND_WAIT)
             except ExecutorError:
                 pass
         with self._lost_lock:
