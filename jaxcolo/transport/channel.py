@@ -167,11 +167,11 @@ class Channel:
                 return
 
     def silent_for(self) -> float:
-        """Seconds since the last frame arrived, or since the one arriving
-        started: a frame (at most FRAME_CHUNK of array bytes) that takes
-        longer than the peer may stay silent is a peer that stalled in it."""
-        started = self._frame_started
-        return time.monotonic() - (started or self.last_frame)
+        """Seconds since the last frame arrived; 0 while one is arriving
+        (a frame that stalls is the frame watchdog's to end)."""
+        if self._frame_started:
+            return 0.0
+        return time.monotonic() - self.last_frame
 
     def readable(self, timeout: float | None, spin: float = 0.0) -> bool:
         """True when a frame (or EOF, or an error) is waiting, within
