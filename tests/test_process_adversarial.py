@@ -223,6 +223,72 @@ def test_a_full_dev_shm_sends_buffers_in_frames():
     assert "no shared memory for a" in out.stderr
 
 
+def _stalling_worker(authkey: bytes):
+    """A peer speaking the worker protocol over a real socket: it answers
+    setup, sends heartbeats, and answers the first call with 10 bytes of
+    a 1000-byte frame, then nothing (a worker stalled mid-reply)."""
+    import threading
+    from jaxcolo import versions
+    from jaxcolo.transport import channel as ch, handshake
+    hello = handshake.local_hello("worker", host_index=0,
+                                  device_ids=list(range(8)))
+
+    def serve(c):
+        while True:
+            try:
+                m = messages.decode(c.recv(), c.version)
+            except Exception:  # noqa: BLE001 - the controller went away
+                return
+            if m.kind == K.setup:
+                c.send(messages.encode(messages.Message(
+                    K.setup, pid=os.getpid()), c.version))
+
+                def beat(period=m.heartbeat_ms / 1000):
+                    while not c.closed:
+                        try:
+                            c.send(messages.encode(messages.Message(K.ping),
+                                                   c.version))
+                        except Exception:  # noqa: BLE001
+                            return
+                        time.sleep(period)
+                threading.Thread(target=beat, daemon=True).start()
+            elif m.kind in (K.call, K.discover):
+                with c._send_lock:  # heartbeats stop with the frame
+                    c._sock.sendall(struct.pack("!i", 1000) + b"x" * 10)
+                    time.sleep(60)
+                return
+
+    def on_channel(c):
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+    return ch.Listener("127.0.0.1:0", authkey, lambda: hello, on_channel,
+                       need=versions.FEATURE_SINCE["message"])
+
+
+def test_a_worker_stalled_mid_frame_is_lost_after_lost_timeout():
+    """A reply frame that stops arriving midway is silence since its last
+    bytes: the call fails after lost_timeout, not the frame timeout (120 s);
+    a slow link's frames still count as signs of life
+    (test_process_cli.test_a_reply_streaming_longer_than_lost_timeout_...)."""
+    key = b"k" * 32
+    listener = _stalling_worker(key)
+    f = jaxcolo.colocated_python(lambda x: x).specialize(
+        out_specs_fn=lambda x: x)
+    x = jax.device_put(jnp.zeros(4), jax.devices()[0])
+    ex = jaxcolo.ProcessExecutor(addresses=[listener.address_text],
+                                 authkey=key, lost_timeout=2.0)
+    try:
+        with jaxcolo.use_executor(ex):
+            t0 = time.monotonic()
+            with pytest.raises(ExecutorError, match="timed out|lost|no "
+                               "message"):
+                with ex.timeout(1.0):
+                    f(x)
+            assert time.monotonic() - t0 < 10
+    finally:
+        ex.close()
+        listener.close()
+
+
 def test_close_is_not_held_by_a_send_the_worker_stopped_reading():
     """A worker stopped (SIGSTOP) while a 64 MiB input is sent to it in
     frames: close() fails that call and returns without waiting for the

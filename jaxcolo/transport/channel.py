@@ -21,6 +21,7 @@ import os
 import select
 import socket
 import stat
+import struct
 import threading
 import time
 from typing import Callable
@@ -32,6 +33,12 @@ from jaxcolo.transport.interrupts import CRITICAL
 log = logging.getLogger("jaxcolo.transport")
 
 MAX_FRAME = 64 << 20
+# Frames are read (multiprocessing.connection's framing: a "!i" length, or
+# -1 and a "!Q" length) at most this much per read, so memory grows with the
+# bytes that arrive and each read that returns counts as progress.
+READ_STEP = 1 << 20
+_LENGTH = struct.Struct("!i")
+_LENGTH64 = struct.Struct("!Q")
 # Seconds a receiver expecting a frame soon polls without sleeping before it
 # blocks (saves a scheduler wake-up per message); JAXCOLO_SPIN overrides.
 SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
@@ -150,6 +157,8 @@ class Channel:
         self.frame_timeout = FRAME_TIMEOUT
         self._frame_started = 0.0  # monotonic start of a frame being read
         self.last_frame = time.monotonic()  # when the last frame completed
+        self.last_bytes = 0.0  # when the last bytes of a frame arrived
+        self._fd = conn.fileno()
         threading.Thread(target=self._watch_frames, daemon=True,
                          name="jaxcolo-frame-watch").start()
 
@@ -167,11 +176,44 @@ class Channel:
                 return
 
     def silent_for(self) -> float:
-        """Seconds since the last frame arrived; 0 while one is arriving
-        (a frame that stalls is the frame watchdog's to end)."""
-        if self._frame_started:
-            return 0.0
+        """Seconds since the last frame arrived or, while one is arriving,
+        since its last bytes did (a slow link's frame is a sign of life; a
+        peer that stopped in the middle of one is silent)."""
+        started = self._frame_started
+        if started:
+            return time.monotonic() - max(started, self.last_bytes)
         return time.monotonic() - self.last_frame
+
+    def _read_exact(self, n: int, at_start: bool = False) -> bytes:
+        """``n`` bytes of the frame being read (EOFError at ``at_start``
+        when the peer closed between frames; OSError when in a frame)."""
+        read, fd = os.read, self._fd
+        chunk = read(fd, min(n, READ_STEP))
+        if len(chunk) == n:
+            return chunk
+        parts = []
+        got = 0
+        while True:
+            if not chunk:
+                if at_start and not got:
+                    raise EOFError
+                raise OSError("got end of file during message")
+            self.last_bytes = time.monotonic()
+            parts.append(chunk)
+            got += len(chunk)
+            if got >= n:
+                return b"".join(parts)
+            chunk = read(fd, min(n - got, READ_STEP))
+
+    def _recv_frame(self, maxsize: int) -> bytes:
+        """One frame of at most ``maxsize`` bytes (OSError if longer: the
+        frame is refused before its body is read)."""
+        size, = _LENGTH.unpack(self._read_exact(4, at_start=True))
+        if size == -1:
+            size, = _LENGTH64.unpack(self._read_exact(8))
+        if size < 0 or size > maxsize:
+            raise OSError("bad message length")
+        return self._read_exact(size) if size else b""
 
     def readable(self, timeout: float | None, spin: float = 0.0) -> bool:
         """True when a frame (or EOF, or an error) is waiting, within
@@ -241,7 +283,7 @@ class Channel:
             while True:
                 want = min(chunk, size - len(out))
                 self._frame_started = time.monotonic()
-                part = self._conn.recv_bytes(want)  # OSError if longer
+                part = self._recv_frame(want)  # OSError if longer
                 self._frame_started = 0.0
                 self.last_frame = time.monotonic()
                 if len(part) != want:
@@ -267,7 +309,7 @@ class Channel:
             if timeout is not None and not self._conn.poll(timeout):
                 raise ExecutorError(f"no message within {timeout}s")
             self._frame_started = time.monotonic()
-            frame = self._conn.recv_bytes(MAX_FRAME)
+            frame = self._recv_frame(MAX_FRAME)
             self._frame_started = 0.0
             self.last_frame = time.monotonic()
             return frame
