@@ -229,7 +229,8 @@ def _stalling_worker(authkey: bytes):
     a 1000-byte frame, then nothing (a worker stalled mid-reply)."""
     import threading
     from jaxcolo import versions
-    from jaxcolo.transport import channel as ch, handshake
+    from jaxcolo.transport import handshake
+    from jaxcolo.transport.listener import Listener
     hello = handshake.local_hello("worker", host_index=0,
                                   device_ids=list(range(8)))
 
@@ -260,7 +261,7 @@ def _stalling_worker(authkey: bytes):
 
     def on_channel(c):
         threading.Thread(target=serve, args=(c,), daemon=True).start()
-    return ch.Listener("127.0.0.1:0", authkey, lambda: hello, on_channel,
+    return Listener("127.0.0.1:0", authkey, lambda: hello, on_channel,
                        need=versions.FEATURE_SINCE["message"])
 
 

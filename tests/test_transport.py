@@ -16,6 +16,8 @@ import jaxcolo
 from jaxcolo import versions
 from jaxcolo.errors import ExecutorError
 from jaxcolo.transport import channel as ch
+from jaxcolo.transport import listener as listener_mod
+from jaxcolo.transport.listener import Listener
 from jaxcolo.transport import handshake as hs
 
 KEY = b"test-key-123"
@@ -36,7 +38,7 @@ def _echo_listener(hello=None, need=1, timeout=5.0, address="127.0.0.1:0"):
         threading.Thread(target=loop, daemon=True).start()
     hello_fn = hello or (lambda: hs.local_hello("worker", host_index=1,
                                                 device_ids=[2, 3]))
-    return ch.Listener(address, KEY, hello_fn, on_channel,
+    return Listener(address, KEY, hello_fn, on_channel,
                        timeout=timeout, need=need), got
 
 
@@ -202,7 +204,7 @@ def test_connections_in_setup_are_capped_and_the_listener_recovers(
     """Silent peers (never answering the HMAC challenge) beyond the cap are
     closed on arrival, so fds and threads stay bounded; once they go, a
     real controller connects."""
-    monkeypatch.setattr(ch, "MAX_PENDING_SETUPS", 4)
+    monkeypatch.setattr(listener_mod, "MAX_PENDING_SETUPS", 4)
     listener, got = _echo_listener(timeout=30.0)
     silent = [socket.create_connection(listener.address) for _ in range(12)]
     try:

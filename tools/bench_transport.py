@@ -32,7 +32,8 @@ def _pipe_echo(conn):
 
 def _channel_echo(q):
     from jaxcolo.errors import ExecutorError
-    from jaxcolo.transport import channel as ch, handshake as hs
+    from jaxcolo.transport import handshake as hs
+    from jaxcolo.transport.listener import Listener
 
     def on_channel(c):
         def loop():
@@ -42,8 +43,8 @@ def _channel_echo(q):
                 except ExecutorError:
                     return
         threading.Thread(target=loop, daemon=True).start()
-    lis = ch.Listener("127.0.0.1:0", KEY, lambda: hs.local_hello("worker"),
-                      on_channel)
+    lis = Listener("127.0.0.1:0", KEY, lambda: hs.local_hello("worker"),
+                   on_channel)
     q.put(lis.address)
     threading.Event().wait()
 

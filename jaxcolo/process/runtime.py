@@ -198,7 +198,7 @@ def run(args) -> int:
     from jaxcolo.process.messages import Message, encode
     from jaxcolo.process.worker import Session
     from jaxcolo import versions
-    from jaxcolo.transport import channel as ch, handshake
+    from jaxcolo.transport import handshake, listener as listener_mod
     from jaxcolo_fb import MessageKind
 
     hello = handshake.local_hello(
@@ -234,7 +234,7 @@ def run(args) -> int:
             channel.close()
 
     try:
-        listener = ch.Listener(args.listen, authkey, lambda: hello,
+        listener = listener_mod.Listener(args.listen, authkey, lambda: hello,
                                on_channel,
                                need=versions.FEATURE_SINCE["message"])
     except OSError as e:
