@@ -166,14 +166,14 @@ def test_scope_identity_across_payloads():
 def test_scope_token_with_other_constraints_is_a_new_scope():
     """A payload that reuses a live scope's token with other constraints
     does not get that scope (tokens name scopes, constraints decide)."""
-    from jaxcolo.codec import aval
+    from jaxcolo.codec import scopes
     (a, b), = _shapes("a, b", constraints=("a >= b",))
     (c,), = _shapes("c")
     data = bytearray(jaxcolo.serialize(jax.ShapeDtypeStruct((c,), np.int8),
                                        compress=False))
     # Put a's token where c's is (same width), then fix the checksum.
-    tok_c = aval._scope_token(c.scope).to_bytes(8, "little")
-    tok_a = aval._scope_token(a.scope).to_bytes(8, "little")
+    tok_c = scopes._scope_token(c.scope).to_bytes(8, "little")
+    tok_a = scopes._scope_token(a.scope).to_bytes(8, "little")
     assert data.count(tok_c) == 1
     data[data.index(tok_c):data.index(tok_c) + 8] = tok_a
     import zlib
