@@ -31,14 +31,16 @@ both sides:
 
 Constraints are the exception no text cost can model: JAX's decision
 procedure combines them by elimination, and chained constraints
-(``v0 >= v1 + 1``, ``v1 >= v2 + 1``, ...) make its work exponential in their
-number (46 of them: hours for one ``max``).  So whatever JAX does inside a
-scope that has constraints (building it, parsing a dim in it) is counted as
-it runs: a profile hook counts Python calls and returns, charges them to the
-same parse budget (:data:`EVENTS_PER_UNIT` per unit) and stops JAX at the
-budget.  The writer runs the same parses in a fresh scope and charges twice
-what it counted.  JAX's work there varies from run to run (it iterates
-sets), so the margin makes a refusal by a reader unlikely, not impossible,
+(``v0 >= v1 + v2``, ``v1 >= v2 + v3``, ...) make its work exponential in their
+number (6 of them: >10**7 steps for one ``max``).  So whatever JAX does inside
+a scope that has constraints (building it, parsing a dim in it) is counted as
+it runs (:mod:`jaxcolo.codec.counted`: Python calls and returns, in a helper
+thread), charged to the same parse budget (:data:`EVENTS_PER_UNIT` per unit)
+and stopped at the budget.  The writer runs the same parses in a fresh scope
+and charges twice what it counted; a reader gives the first such work of a
+payload :data:`COLD_START_EVENTS` free (JAX's first constrained scope in a
+process costs more).  JAX's work there varies from run to run (it iterates
+sets), so the margins make a refusal by a reader unlikely, not impossible,
 and only for constraints that take JAX itself seconds.
 """
 
@@ -46,11 +48,11 @@ from __future__ import annotations
 
 import io
 import re
-import sys
 import tokenize
 
 from jax._src.export import shape_poly
 
+from jaxcolo.codec.counted import OutOfBudget, run_counted
 from jaxcolo.errors import EncodeError, PayloadError
 
 # a^16 parses in ~70 us, like ~20 characters of other text.
@@ -254,31 +256,8 @@ def _charge(buf, text: str, path: str) -> None:
 EVENTS_PER_UNIT = 32
 # A writer's trial parses stop here (~1 s of JAX's work): EncodeError.
 MAX_TRIAL_EVENTS = 1 << 23
-
-
-class _OutOfBudget(BaseException):
-    """Raised by the counting hook inside JAX; a BaseException so that no
-    ``except Exception`` on the way out swallows it."""
-
-
-def _counted(fn, limit: int):
-    """(fn(), profile events it took); _OutOfBudget past ``limit`` events.
-    The thread's own profile function, if any, is put back after."""
-    events = 0
-
-    def count(frame, event, arg):
-        nonlocal events
-        events += 1
-        if events > limit:
-            raise _OutOfBudget
-
-    previous = sys.getprofile()
-    sys.setprofile(count)
-    try:
-        out = fn()
-    finally:
-        sys.setprofile(previous)
-    return out, events
+# JAX's first constrained scope in a process costs ~12k events (~1.3k warm).
+COLD_START_EVENTS = 1 << 15
 
 
 def _has_constraints(scope) -> bool:
@@ -287,15 +266,22 @@ def _has_constraints(scope) -> bool:
 
 def _run_charged(fn, buf, what: str, path: str):
     """fn() (JAX's work on constrained symbolic text), its profile events
-    charged to ``buf``'s parse budget; PayloadError once over it."""
+    charged to ``buf``'s parse budget; PayloadError once over it.  The
+    first such work of a buffer has COLD_START_EVENTS free (what JAX's
+    first constrained scope in a process costs, which a writer's warm trial
+    does not see)."""
+    free = buf.memo.get("constraint_events_free", COLD_START_EVENTS)
     try:
-        out, events = _counted(fn, max(buf.parse_left, 0) * EVENTS_PER_UNIT)
-    except _OutOfBudget:
+        out, events = run_counted(
+            fn, max(buf.parse_left, 0) * EVENTS_PER_UNIT + free)
+    except OutOfBudget:
         raise PayloadError(
             f"{what} takes JAX's reasoning about the constraints out of "
             "proportion to the payload size (chained constraints)",
             path) from None
-    buf.charge_parse(events // EVENTS_PER_UNIT, path)
+    used_free = min(free, events)
+    buf.memo["constraint_events_free"] = free - used_free
+    buf.charge_parse((events - used_free) // EVENTS_PER_UNIT, path)
     return out
 
 
@@ -335,8 +321,8 @@ def make_scope(constraints: tuple, buf, path: str):
 def _trial_units(fn, what: str, path: str):
     """(fn(), parse units a reader is charged for it, with a 2x margin)."""
     try:
-        out, events = _counted(fn, MAX_TRIAL_EVENTS)
-    except _OutOfBudget:
+        out, events = run_counted(fn, MAX_TRIAL_EVENTS)
+    except OutOfBudget:
         raise EncodeError(
             f"{what} takes JAX's reasoning about the constraints over "
             f"{MAX_TRIAL_EVENTS} steps; a reader would refuse it (chained "
