@@ -187,15 +187,17 @@ def test_dropped_results_return_their_shared_memory(host):
 
 
 _FULL_SHM = r"""
+import sys
 import jax, numpy as np, jaxcolo
 
 @jaxcolo.colocated_python
 def twice(x):
     return x * 2
 
-x = jax.device_put(np.arange(3 << 20, dtype=np.float32), jax.devices()[0])
+x = jax.device_put(np.arange(int(sys.argv[1]), dtype=np.float32),
+                   jax.devices()[0])
 with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
-    for _ in range(2):  # 12 MiB each way: more than /dev/shm holds
+    for _ in range(2):
         y = twice(x)
         assert y.sharding == x.sharding
         np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 2)
@@ -204,23 +206,29 @@ print("ok")
 """
 
 
-def test_a_full_dev_shm_sends_buffers_in_frames():
-    """/dev/shm (of a private mount namespace) has 8 MiB: a tmpfs file is
-    sparse, so writing a mapped segment past that was a SIGBUS killing the
-    controller (input) or the worker (output); buffers now go in frames."""
+@pytest.mark.parametrize("shm_mib,floats,fits", [
+    (8, 3 << 20, False),         # 12 MiB each way: more than /dev/shm holds
+    (40, (2 << 20) + 1, True)])  # 8 MiB + 4 B each way, in 16 MiB segments
+def test_a_full_dev_shm_sends_buffers_in_frames(shm_mib, floats, fits):
+    """/dev/shm (of a private mount namespace) is small: a tmpfs file is
+    sparse, so writing a mapped segment past its room was a SIGBUS killing
+    the controller (input) or the worker (output); buffers now go in frames
+    then.  Segments reserve the pages their buffers use, not their whole
+    power-of-two size (three 16 MiB segments did not fit in 40)."""
     import shutil
     import subprocess
     import sys
     if shutil.which("unshare") is None or subprocess.run(
             ["unshare", "-m", "true"], capture_output=True).returncode:
         pytest.skip("needs a private mount namespace (unshare -m)")
-    script = ("mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "
-              f"{sys.executable} -c \"$0\"")
+    script = (f"mount -t tmpfs -o size={shm_mib}m tmpfs /dev/shm && exec "
+              f"{sys.executable} -c \"$0\" {floats}")
     out = subprocess.run(["unshare", "-m", "sh", "-c", script, _FULL_SHM],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "ok"
-    assert "no shared memory for a" in out.stderr
+    assert ("no shared memory for a" in out.stderr) is not fits, \
+        out.stderr[-3000:]
 
 
 def _stalling_worker(authkey: bytes):

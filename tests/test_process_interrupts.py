@@ -285,3 +285,21 @@ def test_a_killed_controllers_segments_are_removed_by_its_worker():
     else:
         pytest.fail("the worker outlived its controller")
     assert segments(p.pid) == []
+
+
+def test_a_handler_set_between_two_executors_is_put_back():
+    """A open, the user installs H, B opens (replacing H) and closes: H is
+    back, and closing A leaves it."""
+    original = signal.getsignal(signal.SIGINT)
+
+    def user(signum, frame):
+        pass
+    try:
+        with jaxcolo.ProcessExecutor(num_hosts=1):
+            signal.signal(signal.SIGINT, user)
+            with jaxcolo.ProcessExecutor(num_hosts=1):
+                assert signal.getsignal(signal.SIGINT) is interrupts._handler
+            assert signal.getsignal(signal.SIGINT) is user
+        assert signal.getsignal(signal.SIGINT) is user
+    finally:
+        signal.signal(signal.SIGINT, original)

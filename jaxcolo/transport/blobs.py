@@ -52,29 +52,47 @@ def unlink(name: str) -> None:
 
 
 class _Segment:
-    __slots__ = ("id", "name", "size", "mm", "view", "linked", "announced")
+    """A segment file, mapped, and its fd (kept to reserve pages: a tmpfs
+    file is sparse, and writing into a mapping of it when /dev/shm is full
+    is a SIGBUS, not an error; ``reserve`` makes that an OSError)."""
+
+    __slots__ = ("id", "name", "size", "mm", "view", "linked", "announced",
+                 "fd", "reserved")
 
     def __init__(self, sid: int, name: str, size: int):
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
-            # reserve the pages now: a tmpfs file is sparse, and writing
-            # into a mapping of it when /dev/shm is full is a SIGBUS, not
-            # an error (ENOSPC here instead)
-            os.posix_fallocate(fd, 0, size)
             self.mm = mmap.mmap(fd, size)
         except BaseException:
             os.unlink(path)
-            raise
-        finally:
             os.close(fd)
+            raise
+        self.fd = fd
+        self.reserved = 0  # bytes from the start whose pages are allocated
         self.id = sid
         self.name = name
         self.size = size
         self.view = np.frombuffer(self.mm, np.uint8)
         self.linked = True
         self.announced = False
+
+    def reserve(self, n: int) -> None:
+        """Allocate the pages of the first ``n`` bytes (OSError, e.g.
+        ENOSPC, when /dev/shm has no room)."""
+        if n > self.reserved:
+            os.posix_fallocate(self.fd, 0, n)
+            self.reserved = n
+
+    def discard(self) -> None:
+        """Close the file (the mapping lives while arrays use it)."""
+        if self.linked:
+            unlink(self.name)
+            self.linked = False
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class Lease:
@@ -115,6 +133,15 @@ class SegmentPool:
                 sid = next(self._ids)
                 seg = _Segment(sid, f"{self.prefix}-{sid}", cls)
                 self._segments[sid] = seg
+            try:
+                seg.reserve(size)  # only the pages this buffer uses
+            except OSError:
+                if seg.announced:  # the peer knows it: keep it for later
+                    self._idle.setdefault(cls, []).append(seg)
+                else:
+                    self._segments.pop(seg.id, None)
+                    seg.discard()
+                raise
             lid = next(self._ids)
             self._leases[lid] = seg
             announce = None
@@ -163,9 +190,7 @@ class SegmentPool:
         with self._lock:
             self._closed = True
             for seg in self._segments.values():
-                if seg.linked:
-                    unlink(seg.name)
-                    seg.linked = False
+                seg.discard()
             self._segments.clear()
             self._idle.clear()
             self._leases.clear()

@@ -32,8 +32,7 @@ class _State:
     depth = 0          # nesting of the main thread's critical sections
     pending = None     # (frame,) of a SIGINT that arrived inside a section
     previous = None    # the handler ours delegates to
-    open = 0           # installs not yet uninstalled
-    replaced: list = []  # tokens of the installs that replaced a handler
+    installs: list = []  # open installs that replaced a handler, oldest first
 
 
 _state = _State()
@@ -74,49 +73,63 @@ class _Critical:
 CRITICAL = _Critical()
 
 
+class _Install:
+    """An install that replaced a handler: what to put back, and how many
+    installs made while it was the newest are still open (they rely on
+    ours staying in place)."""
+    __slots__ = ("replaced", "outer", "nested", "closed")
+
+    def __init__(self, replaced, outer):
+        self.replaced = replaced
+        self.outer = outer
+        self.nested = 0
+        self.closed = False
+
+
 def install():
     """Route SIGINT through the deferring handler; returns a token for
     ``uninstall`` (None when nothing was done: outside the main thread, or
     when SIGINT has no Python-level handler (ignored, or the OS default)).
-    Installs nest: the handler stays ours until every token is uninstalled,
-    whatever the order executors close in."""
+    An install that finds ours in place counts on the newest one that put
+    it there: that one's handler is put back once both are uninstalled."""
     if _thread.get_ident() != _MAIN:
         return None
     with _lock:
         current = signal.getsignal(signal.SIGINT)
         if current is _handler:
-            _state.open += 1
-            return _NESTED
+            if not _state.installs:
+                return None  # put back by hand: nothing of ours to undo
+            top = _state.installs[-1]
+            top.nested += 1
+            return ("nested", top)
         if not callable(current):
             return None
-        token = (current, _state.previous)
+        entry = _Install(current, _state.previous)
         _state.previous = current
-        _state.replaced.append(token)
-        _state.open += 1
+        _state.installs.append(entry)
         signal.signal(signal.SIGINT, _handler)
-        return token
-
-
-_NESTED = ("nested",)  # the token of an install that found ours in place
+        return entry
 
 
 def uninstall(token) -> None:
-    """Undo the ``install`` that returned ``token``.  The last one to go
-    puts back the handler the first one replaced, if ours is still the
-    installed one (else the user's replacement stays), from the main thread
-    (else ours stays, delegating every signal at once while no section
-    runs).  Earlier ones leave ours in place: another executor is open."""
+    """Undo the ``install`` that returned ``token``: once it and the
+    installs counting on it are all uninstalled, put back the handler it
+    replaced if ours is still the installed one (else the user's
+    replacement stays), from the main thread (else ours stays, delegating
+    every signal at once while no section runs)."""
     if token is None or _thread.get_ident() != _MAIN:
         return
     with _lock:
-        _state.open -= 1
-        if _state.open > 0:
+        if isinstance(token, tuple):
+            entry = token[1]
+            entry.nested -= 1
+        else:
+            entry = token
+            entry.closed = True
+        if not entry.closed or entry.nested:
             return
-        first = _state.replaced[0] if _state.replaced else None
-        _state.replaced.clear()
-        if first is None:
-            return
-        replaced, outer = first
+        if entry in _state.installs:
+            _state.installs.remove(entry)
         if signal.getsignal(signal.SIGINT) is _handler:
-            signal.signal(signal.SIGINT, replaced)
-        _state.previous = outer
+            signal.signal(signal.SIGINT, entry.replaced)
+        _state.previous = entry.outer
