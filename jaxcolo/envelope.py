@@ -139,6 +139,11 @@ def shares_inflation(decode):
     return scoped
 
 
+_NESTED_TOO_LARGE = ("compressed payloads nested in this one inflate beyond "
+                     f"{NESTED_INFLATE_RATIO}x the outermost payload's "
+                     "stored size")
+
+
 def open_body(data, header: Header) -> bytes:
     """The flatbuffer after the header, inflated if it is compressed (within
     the enclosing :func:`shares_inflation` budget, if any)."""
@@ -152,6 +157,8 @@ def open_body(data, header: Header) -> bytes:
     shared = budget is not None and budget.left < limit
     if shared:
         limit = budget.left
+        if limit <= 0:  # (0 would mean "no limit" to zlib)
+            raise PayloadError(_NESTED_TOO_LARGE, "$.body")
     inflater = zlib.decompressobj()
     try:
         body = inflater.decompress(stored, limit)
@@ -160,10 +167,7 @@ def open_body(data, header: Header) -> bytes:
             from None
     if not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
         if shared and not inflater.eof and len(body) == limit:
-            raise PayloadError(
-                "compressed payloads nested in this one inflate beyond "
-                f"{NESTED_INFLATE_RATIO}x the outermost payload's stored "
-                "size", "$.body")
+            raise PayloadError(_NESTED_TOO_LARGE, "$.body")
         raise PayloadError("compressed body is truncated, too large or has "
                            "trailing bytes", "$.body")
     if budget is not None:

@@ -348,3 +348,16 @@ def test_deep_nesting_around_a_wide_node_is_refused_by_reader_and_writer():
     # within the budget (the floor covers everyday trees): read back
     for obj in (_deep_around_wide(depth, 2000), _deep_around_wide(20, width)):
         assert jaxcolo.deserialize(jaxcolo.serialize(obj)) == obj
+
+
+def test_an_exhausted_inflation_budget_inflates_nothing_more():
+    # zlib reads a max_length of 0 as "no limit": a budget used up exactly
+    # must still refuse the next compressed payload
+    sealed = envelope.seal(bytes(100_000), fb.RootKind.spec_tree, 1, 1,
+                           compress=True)
+    header = envelope.read_header(sealed)
+    with envelope.inflation_scope(envelope.Inflation(0)):
+        with pytest.raises(jaxcolo.PayloadError, match="nested in this one"):
+            envelope.open_body(sealed, header)
+    with envelope.inflation_scope(envelope.Inflation(100_000)):
+        assert envelope.open_body(sealed, header) == bytes(100_000)
