@@ -303,3 +303,22 @@ def test_a_handler_set_between_two_executors_is_put_back():
         assert signal.getsignal(signal.SIGINT) is user
     finally:
         signal.signal(signal.SIGINT, original)
+
+
+def test_installs_closed_first_opened_first_keep_the_users_handler():
+    """A opens, the user sets U, B opens (replacing U); A closes first:
+    deferral stays for B, and closing B puts U back."""
+    original = signal.getsignal(signal.SIGINT)
+
+    def user(signum, frame):
+        pass
+    try:
+        a = interrupts.install()
+        signal.signal(signal.SIGINT, user)
+        b = interrupts.install()
+        interrupts.uninstall(a)
+        assert signal.getsignal(signal.SIGINT) is interrupts._handler
+        interrupts.uninstall(b)
+        assert signal.getsignal(signal.SIGINT) is user
+    finally:
+        signal.signal(signal.SIGINT, original)

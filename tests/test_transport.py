@@ -289,3 +289,26 @@ def test_version_ranges_may_only_narrow(lo, hi):
         hs.local_hello("controller", min_version=lo, max_version=hi)
     with pytest.raises(ValueError, match="not within"):
         jaxcolo.ProcessExecutor(num_hosts=1, min_version=lo, max_version=hi)
+
+
+def test_a_closed_channel_never_reads_another_connections_frames():
+    """After close(), the channel's fd number goes to the next connection:
+    a read on the closed channel fails instead of taking its frames."""
+    import queue
+    accepted = queue.Queue()
+    lis = Listener("127.0.0.1:0", KEY, lambda: hs.local_hello("worker"),
+                   accepted.put)
+    try:
+        first = ch.connect(lis.address_text, KEY, hs.local_hello("controller"))
+        accepted.get(timeout=10)
+        first.close()
+        second = ch.connect(lis.address_text, KEY,
+                            hs.local_hello("controller"))
+        peer = accepted.get(timeout=10)
+        peer.send(b"for the second")
+        with pytest.raises(ExecutorError, match="connection lost"):
+            first.recv()
+        assert second.recv(timeout=5) == b"for the second"
+        second.close()
+    finally:
+        lis.close()

@@ -322,6 +322,7 @@ class Channel:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self._fd = -1  # its number may go to another file: reads now fail
         self._conn.close()
         self._sock.close()
 

@@ -128,8 +128,14 @@ def uninstall(token) -> None:
             entry.closed = True
         if not entry.closed or entry.nested:
             return
-        if entry in _state.installs:
-            _state.installs.remove(entry)
+        installs = _state.installs
+        if entry not in installs:
+            return
+        i = installs.index(entry)
+        del installs[i]
+        if i < len(installs):  # a newer install is open: it puts back
+            installs[i].outer = entry.outer  # what this one would have
+            return
         if signal.getsignal(signal.SIGINT) is _handler:
             signal.signal(signal.SIGINT, entry.replaced)
         _state.previous = entry.outer
