@@ -71,3 +71,40 @@ def test_the_callers_profiler_is_left_alone():
     finally:
         sys.setprofile(None)
     assert seen
+
+
+def _swallowing_runaway():
+    try:
+        while True:
+            _calls(10)
+    except:  # noqa: E722 - what some library code does
+        pass
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        pass
+    return "finished"
+
+
+def test_a_swallowed_stop_is_sent_again_in_the_helper_thread_too():
+    """With a profiler in the caller, the work runs in a helper thread:
+    the stop is sent again there."""
+    profiler = cProfile.Profile()
+    t0 = time.monotonic()
+    profiler.enable()
+    try:
+        with pytest.raises(OutOfBudget):
+            run_counted(_swallowing_runaway, 1000)
+    finally:
+        profiler.disable()
+    assert time.monotonic() - t0 < 10
+
+
+def test_an_interrupt_of_the_caller_stops_the_work():
+    import _thread
+    import threading
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_counted(lambda: _calls(10**8), 10**12)
+    assert time.monotonic() - t0 < 10

@@ -1,17 +1,20 @@
 """Run a function with its work counted and stopped past a limit.
 
 Used for what no cost model of the input can bound (JAX's reasoning about
-symbolic constraints).  ``run_counted(fn, limit)`` runs ``fn()`` in a helper
-thread of its own under a profile function that counts events (Python calls
-and returns) and raises :class:`OutOfBudget` past ``limit``:
+symbolic constraints).  ``run_counted(fn, limit)`` runs ``fn()`` under a
+profile function that counts events (Python calls and returns) and raises
+:class:`OutOfBudget` past ``limit``:
 
-* in its own thread, so the caller's profiler (cProfile, or a Python-level
-  one) is neither replaced nor disturbed;
+* in the calling thread, unless that thread has a profiler of its own
+  (cProfile, or a Python-level one): then in a helper thread, so that the
+  profiler is neither replaced nor disturbed;
 * CPython drops a profile function that raised, and code under a bare
-  ``except:`` may swallow the exception and carry on uncounted: the caller
-  then keeps raising OutOfBudget in the helper thread (an asynchronous
-  exception, every few milliseconds) until it ends, and the result is
-  refused whatever it is.  The work stops within about the limit.
+  ``except:`` may swallow the exception and carry on uncounted: a watchdog
+  thread then raises OutOfBudget in the working thread again (an
+  asynchronous exception, every few milliseconds) until the work ends, and
+  its result is refused whatever it is.  The work stops within about the
+  limit.  No stop is sent once the work is over, and one sent just before
+  lands before ``run_counted`` returns.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+import time
 
 _INJECT_EVERY = 0.005  # seconds between asynchronous stops of a runaway
-_POLL = 0.05  # the caller checks this often whether the stop was swallowed
 
 
 class OutOfBudget(BaseException):
@@ -30,26 +33,33 @@ class OutOfBudget(BaseException):
 
 
 class _Run:
-    __slots__ = ("fn", "limit", "events", "tripped", "out", "error", "done",
-                 "lock")
+    __slots__ = ("fn", "limit", "events", "tripped", "cancelled", "out",
+                 "error", "done", "lock", "ident", "finished")
 
     def __init__(self, fn, limit: int):
         self.fn = fn
         self.limit = limit
         self.events = 0
         self.tripped = False
+        self.cancelled = False  # the caller gave up (e.g. KeyboardInterrupt)
         self.out = None
         self.error = None
         self.done = False
-        self.lock = threading.Lock()  # done vs. an asynchronous stop
+        self.lock = threading.Lock()  # ``done`` vs. an asynchronous stop
+        self.ident = None  # the working thread
+        self.finished = threading.Event()
 
     def count(self, frame, event, arg):
         self.events += 1
-        if self.events > self.limit:
-            self.tripped = True
+        if self.events > self.limit or self.cancelled:
+            if not self.tripped:
+                self.tripped = True
+                _WATCHDOG.watch(self)
             raise OutOfBudget
 
-    def __call__(self) -> None:
+    def work(self) -> None:
+        """Run ``fn`` counted in this thread; keeps its result or error."""
+        self.ident = threading.get_ident()
         try:
             sys.setprofile(self.count)
             try:
@@ -58,36 +68,90 @@ class _Run:
                 sys.setprofile(None)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             self.error = e
-        while True:  # no stop is sent once the work is over; one sent
-            try:     # before lands at the thread's next bytecodes
+        while True:
+            try:
                 with self.lock:
                     self.done = True
-                return
+                _landing()  # a stop sent before ``done`` lands here
+                break
             except OutOfBudget:
                 continue
+        self.finished.set()
 
 
-def _stop(thread: threading.Thread) -> None:
+def _landing() -> None:
+    """A call: the interpreter checks for asynchronous exceptions on entry."""
+
+
+def _stop(ident: int) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread.ident), ctypes.py_object(OutOfBudget))
+        ctypes.c_ulong(ident), ctypes.py_object(OutOfBudget))
+
+
+class _Watchdog:
+    """Sends the stop again to runs that tripped and are still working."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._runs: set = set()
+        self._wake = threading.Event()
+        self._thread = None
+
+    def watch(self, run: _Run) -> None:
+        with self._lock:
+            self._runs.add(run)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="jaxcolo-counted-watchdog",
+                    daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(_INJECT_EVERY)  # the first stop may still get out
+            with self._lock:
+                self._runs = {r for r in self._runs if not r.done}
+                runs = list(self._runs)
+                if not runs:
+                    self._wake.clear()
+                    continue
+            for run in runs:
+                with run.lock:
+                    if not run.done and run.ident is not None:
+                        _stop(run.ident)
+
+
+_WATCHDOG = _Watchdog()
 
 
 def run_counted(fn, limit: int):
     """``(fn(), events it took)``; OutOfBudget once it takes more than
-    ``limit`` events (then nothing of it is returned)."""
+    ``limit`` events (then nothing of it is returned).  An exception that
+    interrupts the caller (KeyboardInterrupt) stops the work too."""
     run = _Run(fn, limit)
-    thread = threading.Thread(target=run, name="jaxcolo-counted",
-                              daemon=True)
-    thread.start()
-    while True:
-        thread.join(_INJECT_EVERY if run.tripped else _POLL)
-        if not thread.is_alive():
-            break
-        if run.tripped:  # the stop was swallowed: send it again
+    if sys.getprofile() is None:
+        try:
+            run.work()
+        except BaseException:
+            run.cancelled = True
+            raise
+    else:  # leave the caller's profiler alone
+        thread = threading.Thread(target=run.work, name="jaxcolo-counted",
+                                  daemon=True)
+        thread.start()
+        try:
+            run.finished.wait()
+        except BaseException:  # interrupted: stop the work, then go
+            run.cancelled = True
             with run.lock:
-                if not run.done:
-                    _stop(thread)
+                if not run.done and run.ident is not None:
+                    _stop(run.ident)
+            raise
     if run.tripped:
+        if isinstance(run.error, KeyboardInterrupt):
+            raise run.error
         raise OutOfBudget
     if run.error is not None:
         raise run.error

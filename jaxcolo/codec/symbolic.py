@@ -34,8 +34,7 @@ procedure combines them by elimination, and chained constraints
 (``v0 >= v1 + v2``, ``v1 >= v2 + v3``, ...) make its work exponential in their
 number (6 of them: >10**7 steps for one ``max``).  So whatever JAX does inside
 a scope that has constraints (building it, parsing a dim in it) is counted as
-it runs (:mod:`jaxcolo.codec.counted`: Python calls and returns, in a helper
-thread), charged to the same parse budget (:data:`EVENTS_PER_UNIT` per unit)
+it runs (:mod:`jaxcolo.codec.counted`: Python calls and returns), charged to the same parse budget (:data:`EVENTS_PER_UNIT` per unit)
 and stopped at the budget.  The writer runs the same parses in a fresh scope
 and charges twice what it counted; a reader gives the first such work of a
 payload :data:`COLD_START_EVENTS` free (JAX's first constrained scope in a
