@@ -27,7 +27,7 @@ import threading
 import time
 
 from jaxcolo_fb import MessageKind as K
-from jaxcolo import envelope, versions
+from jaxcolo import versions
 from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
 from jaxcolo.process.results import executor_thread
@@ -243,7 +243,6 @@ class HostLink:
         will never be viewed."""
         arrays.release_unused(m, self._released)
 
-    @envelope.shares_inflation
     def _handle(self, frame) -> None:
         self.last_seen = time.monotonic()
         m = messages.decode(frame, self.version)
