@@ -29,22 +29,24 @@ def test_errors_come_back_as_they_are():
         run_counted(lambda: {}["x"], 10_000)
 
 
+def _swallowing_runaway():
+    try:
+        while True:
+            _calls(10)
+    except:  # noqa: E722 - what some library code does
+        pass
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        pass
+    return "finished"
+
+
 def test_a_stop_swallowed_by_a_bare_except_is_sent_again():
     """CPython drops a profile function that raised; code that swallows
     the stop and runs on uncounted is stopped from outside."""
-    def runaway():
-        try:
-            while True:
-                _calls(10)
-        except:  # noqa: E722 - what some library code does
-            pass
-        end = time.monotonic() + 60
-        while time.monotonic() < end:
-            pass
-        return "finished"
     t0 = time.monotonic()
     with pytest.raises(OutOfBudget):
-        run_counted(runaway, 1000)
+        run_counted(_swallowing_runaway, 1000)
     assert time.monotonic() - t0 < 10
 
 
@@ -71,18 +73,6 @@ def test_the_callers_profiler_is_left_alone():
     finally:
         sys.setprofile(None)
     assert seen
-
-
-def _swallowing_runaway():
-    try:
-        while True:
-            _calls(10)
-    except:  # noqa: E722 - what some library code does
-        pass
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        pass
-    return "finished"
 
 
 def test_a_swallowed_stop_is_sent_again_in_the_helper_thread_too():
