@@ -332,3 +332,115 @@ def test_close_is_not_held_by_a_send_the_worker_stopped_reading():
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _stopped(pid):
+    """Context: worker ``pid`` stopped (SIGSTOP), continued at the end."""
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def stopped():
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    return stopped()
+
+
+def test_a_call_timeout_covers_a_send_the_worker_stopped_reading():
+    """A 64 MiB input sent in frames to a stopped worker: the call times out
+    at its deadline (it waited for lost_timeout), the rest of the message
+    goes on in the background, and once the worker runs again the same
+    connection serves the next call (no restart)."""
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=lambda x: x)
+    big = jax.device_put(jnp.zeros(16 << 20, jnp.float32), jax.devices()[0])
+    with jaxcolo.ProcessExecutor(num_hosts=1, shm=False,
+                                 lost_timeout=60.0) as ex, \
+            jaxcolo.use_executor(ex):
+        f(big)
+        pid = ex.worker_pids()[0]
+        with _stopped(pid):
+            t0 = time.monotonic()
+            with pytest.raises(ExecutorError, match="timed out after 1.0s"):
+                with ex.timeout(1.0):
+                    f(big)
+            assert time.monotonic() - t0 < 5
+        out = f(big)
+        assert float(out[0]) == 1.0 and float(out[-1]) == 1.0
+        assert ex.worker_pids() == [pid]
+        assert ex.stats()["restarts"] == 0
+
+
+def test_a_call_timeout_covers_waiting_behind_another_send(tmp_path):
+    """A call queued behind another thread's send to a stopped worker times
+    out at its deadline with nothing sent: once the worker runs again the
+    first call completes, and the timed-out one never ran."""
+    import threading
+    log_file = tmp_path / "ran"
+
+    def mark(x):
+        with open(log_file, "a") as fh:
+            fh.write("ran\n")
+        return x
+    mark_call = jaxcolo.colocated_python(mark).specialize(
+        out_specs_fn=lambda x: x)
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=lambda x: x)
+    big = jax.device_put(jnp.zeros(16 << 20, jnp.float32), jax.devices()[0])
+    small = jax.device_put(jnp.ones(4), jax.devices()[0])
+    results = []
+    with jaxcolo.ProcessExecutor(num_hosts=1, shm=False,
+                                 lost_timeout=60.0) as ex, \
+            jaxcolo.use_executor(ex):
+        f(big)
+        mark_call(small)  # registered and discovered: 1 run
+        pid = ex.worker_pids()[0]
+        with _stopped(pid):
+            sender = threading.Thread(
+                target=lambda: results.append(float(f(big)[0])))
+            sender.start()
+            time.sleep(0.5)  # its send blocks: the socket buffer is full
+            t0 = time.monotonic()
+            with pytest.raises(ExecutorError, match="it was not sent"):
+                with ex.timeout(1.0):
+                    mark_call(small)
+            assert time.monotonic() - t0 < 5
+        sender.join(30)
+        assert results == [1.0]
+        mark_call(small)
+        assert log_file.read_text().count("ran") == 2
+        assert ex.stats()["restarts"] == 0
+
+
+def test_a_multi_host_call_timeout_covers_its_sends():
+    """A two-host call whose second host stopped reading: the call times out
+    at its deadline, every host still gets its part (none is stranded in a
+    collective), and the cluster serves the next call unrestarted."""
+    devs = cpu_devices()
+    mesh = Mesh(np.array(devs), ("x",))
+    x = jax.device_put(np.ones((8, 1 << 21), np.float32),
+                       NamedSharding(mesh, P("x")))
+
+    def total(v):
+        m = v.sharding.mesh
+        return jax.jit(jax.shard_map(
+            lambda a: jax.lax.psum(jnp.sum(a), "x"), mesh=m, in_specs=P("x"),
+            out_specs=P()))(v)
+    f = jaxcolo.colocated_python(total)
+    with jaxcolo.ProcessExecutor(num_hosts=2, shm=False,
+                                 lost_timeout=60.0) as ex, \
+            jaxcolo.use_executor(ex):
+        assert float(f(x)) == 8 << 21
+        pids = ex.worker_pids()
+        with _stopped(pids[1]):
+            t0 = time.monotonic()
+            with pytest.raises(ExecutorError, match="timed out after 1.0s"):
+                with ex.timeout(1.0):
+                    f(x)
+            assert time.monotonic() - t0 < 5
+        assert float(f(x)) == 8 << 21
+        assert ex.worker_pids() == pids
+        assert ex.stats()["restarts"] == 0

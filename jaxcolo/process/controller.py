@@ -25,7 +25,8 @@ Contract (see ``jaxcolo.colocated.executor`` for the Executor interface):
   remote traceback in a note).  ``ExecutorError`` when: the executor is
   closed (in-flight calls fail at ``close``), a call times out
   (``call_timeout``, or ``with ex.timeout(s):``, seconds > 0, None or inf
-  for none; the call may still run on its host and its result is dropped),
+  for none; the call may still run on its host and its result is dropped;
+  the timeout covers its sends too, see ``jaxcolo.process.sending``),
   or a worker is lost (EOF, or
   ``lost_timeout`` seconds without a heartbeat).  A lost call is never
   retried.  Local workers are then restarted (the whole cluster when there
@@ -52,19 +53,20 @@ import jax
 from jaxcolo.colocated.executor import Executor
 from jaxcolo.colocated.program import decode_program
 from jaxcolo.errors import ExecutorError
-from jaxcolo.process import arrays, messages, remote_errors
+from jaxcolo.process import messages, remote_errors
 from jaxcolo.process.deadlines import Deadlines, check_timeout
-from jaxcolo.process.hosts import HostLink, controller_hello
-from jaxcolo.process.hostset import RESUME_SINCE, HostSet
+from jaxcolo.process.hosts import controller_hello
+from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
 from jaxcolo.process import launch, lifetime
 from jaxcolo.process.results import Call, Plan, executor_thread
+from jaxcolo.process.sending import CallSending
 from jaxcolo.transport import interrupts
 
 _LANE_MASK = (1 << 63) - 1
 
 
-class ProcessExecutor(HostSet, Executor):
+class ProcessExecutor(HostSet, CallSending, Executor):
     """Runs colocated programs in worker processes (see module docstring).
 
     ``num_hosts``: start this many local workers, each owning an equal
@@ -339,23 +341,11 @@ class ProcessExecutor(HostSet, Executor):
                 except ExecutorError as e:
                     call.fail(e)
                 else:
-                    self._send(h, link, call, args, lane_id, False)
-            else:
-                with self._ordered_lock:
-                    call.sending = True
-                    try:
-                        links = self._cluster_links(plan.hosts, call, limit)
-                        # Every host gets it, also after one failed it
-                        # (that one holds), unless a host cannot hold (v<7)
-                        holds = all(link.version >= RESUME_SINCE
-                                    for _, link in links)
-                        for h, link in links:
-                            if call.send_broken or call.abandoned or (
-                                    call.future.done() and not holds):
-                                break
-                            self._send(h, link, call, args, lane_id, True)
-                    finally:
-                        self._sent_multi_host(call)
+                    self._send(h, link, call, args, lane_id, False, limit)
+            elif limit is None:
+                self._send_multi_host(call, args, lane_id)
+            else:  # sends that outlast the deadline go on in the background
+                self._send_multi_host_until(call, args, lane_id, limit)
         except BaseException as e:  # e.g. KeyboardInterrupt while waiting
             call.fail(e)
             if counted:
@@ -364,75 +354,6 @@ class ProcessExecutor(HostSet, Executor):
         if timeout is not None:  # waits for a restart count too
             self._deadlines.add(call, timeout, started)
         return call
-
-    def _send(self, h: int, link: HostLink, call: Call, args, lane_id: int,
-              ordered: bool) -> None:
-        plan = call.plan
-        call_id = next(self._ids)
-        with self._lock:  # (a call is failed after releasing it)
-            if self._closed:
-                error = ExecutorError("ProcessExecutor is closed")
-            elif link.is_lost:
-                error = ExecutorError(f"{link.describe} was lost before the "
-                                      "call could be sent")
-            else:
-                error = None
-                if plan.instance_id:
-                    try:  # lost while this call waited for the restart
-                        self._check_instance(plan)
-                    except ExecutorError as e:
-                        error = e
-                    else:
-                        self._instances.setdefault(plan.instance_id,
-                                                   set()).add(h)
-            if error is None and ordered and call.abandoned:
-                return  # its hosts were lost meanwhile: not sent here
-            if error is None:
-                self._pending[call_id] = (call, h, link)
-                call.call_ids.append(call_id)
-                call.links.append((h, link))
-        if error is not None:
-            call.send_broken = True
-            call.fail(error)
-            return
-        packer = None
-        try:
-            link.ensure_registered(plan.ref)
-            packer = arrays.Packer(link.pool)
-            devices = plan.host_devices[h]
-            for i, x in enumerate(args):
-                packer.add(i, x, devices)
-            link.expect_reply()
-            message = messages.Message(
-                messages.MessageKind.discover if call.discover
-                else messages.MessageKind.call, call_id=call_id,
-                lane=lane_id, program_id=plan.ref.id, shards=packer.finish(),
-                segments=packer.segments, ordered=ordered)
-            with interrupts.CRITICAL:  # Ctrl-C: after it is sent and known
-                link.send(message, packer.frames)  # to be (the reply is
-                packer = None                      # awaited, the worker
-                call.sent_parts += 1               # returns the leases)
-        except ExecutorError as e:
-            call.send_broken = True
-            self._fail_pending(call_id, ExecutorError(
-                f"{link.describe}: could not send the call: {e}"))
-        except BaseException as e:
-            if packer is None:  # sent: its reply comes; the call fails
-                raise           # with e in _start
-            call.send_broken = True
-            if link.is_lost:  # e.g. its segment pool closed under us
-                e = ExecutorError(f"{link.describe} was lost while the call "
-                                  f"was being sent ({e!r})")
-            self._fail_pending(call_id, e)
-        finally:
-            if packer is not None and not link.is_lost:
-                packer.abandon()  # never sent: its leases come back
-
-    def _fail_pending(self, call_id, error) -> None:
-        with self._lock:
-            entry = self._pending.pop(call_id, None)
-        if entry is not None:
-            entry[0].fail(error)
 
     def _on_reply(self, link, call_id, m, get) -> None:
         with self._lock:

@@ -119,30 +119,49 @@ class HostLink:
             self.pool = blobs.SegmentPool(f"c{self.index}")
 
     # ------------------------------------------------------------ sending
-    def send(self, m: messages.Message, frames=()) -> None:
+    def send(self, m: messages.Message, frames=(),
+             deadline: float | None = None) -> None:
+        """Send ``m`` and the frames after it; past ``deadline`` see
+        Channel.send_frames (SendDeadline)."""
         data = messages.encode(m, self.version)
-        if frames:
-            self.channel.send_frames([data, *frames])
-        else:
-            self.channel.send(data)
+        self.channel.send_frames((data, *frames), deadline)
 
-    def ensure_registered(self, program) -> None:
+    def ensure_registered(self, program, deadline: float | None = None) -> None:
+        """Register ``program`` with the worker unless it was.  Past
+        ``deadline``: SendDeadline(started=False), nothing sent, or the
+        registration goes out in the background (it counts as done)."""
         if program.id in self.registered:
             return
-        with self.register_lock:
+        lock = self.register_lock
+        if deadline is None:
+            lock.acquire()
+        elif not lock.acquire(timeout=ch.seconds_until(deadline)):
+            raise ch.SendDeadline("another thread was registering programs "
+                                  "until the deadline", started=False)
+        try:
             if program.id not in self.registered:
-                self.send(messages.Message(K.register, program_id=program.id,
-                                           program=program.payload))
+                try:
+                    self.send(messages.Message(
+                        K.register, program_id=program.id,
+                        program=program.payload), deadline=deadline)
+                except ch.SendDeadline as e:
+                    if e.started:  # it arrives before anything sent later
+                        self.registered.add(program.id)
+                    raise
                 self.registered.add(program.id)
+        finally:
+            lock.release()
 
     def request_stats(self, timeout: float) -> dict:
         ev = threading.Event()
         key = secrets.randbits(62) or 1
         box = self._stats_waiters[key] = [ev, None]
         try:
-            self.send(messages.Message(K.stats, call_id=key))
+            deadline = time.monotonic() + timeout
+            self.send(messages.Message(K.stats, call_id=key),
+                      deadline=deadline)  # (a send going on: SendDeadline)
             self.kick()
-            if not ev.wait(timeout):
+            if not ev.wait(ch.seconds_until(deadline)):
                 raise ExecutorError(f"{self.describe}: no stats reply")
             return box[1]
         finally:
@@ -177,10 +196,11 @@ class HostLink:
             if not self._waiters and self._expected > 0:
                 self.kick()  # replies nobody waits for: the background reads
 
-    def expect_reply(self) -> None:
-        """A call was sent: its reply (result or error) will come."""
+    def expect_reply(self, n: int = 1) -> None:
+        """A call was sent: its reply (result or error) will come (-1: a
+        call expected was not sent after all)."""
         with self._role:
-            self._expected += 1
+            self._expected += n
 
     def kick(self) -> None:
         """Have the background reader read if no caller is waiting (a

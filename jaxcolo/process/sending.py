@@ -1,0 +1,158 @@
+"""Sending a call's parts to its hosts (a part of ``ProcessExecutor``).
+
+:class:`CallSending` packs a call's input shards for each host that runs it
+and sends the call message.  Multi-host calls go out in one executor-wide
+order (``_ordered_lock``), so every host meets their collectives in the same
+order.  A call's timeout covers its sends: a send that has not begun by the
+deadline (another send holds the connection) fails the call with nothing
+sent; one still being written then goes on in the background (frames are
+never left half-sent) and the call times out.  A multi-host call with a
+timeout is sent by a thread the caller waits for until the deadline, and
+all of its hosts get it, also late: a part that reached only some of them
+would strand those in its collectives.
+
+It uses the executor's ``_lock``, ``_ids``, ``_pending``, ``_stats``,
+``_instances``, ``_ordered_lock``, ``_closed``; a mixin, like HostSet.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from jaxcolo.errors import ExecutorError
+from jaxcolo.process import arrays, messages
+from jaxcolo.process.hostset import RESUME_SINCE
+from jaxcolo.process.hosts import HostLink
+from jaxcolo.process.results import Call
+from jaxcolo.transport import interrupts
+from jaxcolo.transport.channel import SendDeadline, seconds_until
+
+
+class CallSending:
+    def _send_multi_host(self, call: Call, args, lane_id: int,
+                         limit=None) -> None:
+        """Send the parts of a multi-host call, in the executor-wide order
+        of multi-host calls."""
+        with self._ordered_lock:
+            call.sending = True
+            try:
+                links = self._cluster_links(call.plan.hosts, call, limit)
+                # Every host gets it, also after one failed it (that one
+                # holds), unless a host cannot hold (v<7)
+                holds = all(link.version >= RESUME_SINCE for _, link in links)
+                for h, link in links:
+                    if call.send_broken or call.abandoned or (
+                            call.future.done() and not holds):
+                        break
+                    self._send(h, link, call, args, lane_id, True)
+            finally:
+                self._sent_multi_host(call)
+
+    def _send_multi_host_until(self, call: Call, args, lane_id: int,
+                               limit) -> None:
+        """``_send_multi_host`` in a thread, waited for until the call's
+        deadline: a send still going on then (a host not reading, another
+        call's sends ahead of it) finishes in the background, and all of
+        the call's hosts get it (a part that reached only some of them
+        would strand those in its collectives); the call times out."""
+        done = threading.Event()
+
+        def send() -> None:
+            try:
+                self._send_multi_host(call, args, lane_id, limit)
+            except BaseException as e:  # noqa: BLE001 - the call reports it
+                call.fail(e)
+            finally:
+                done.set()
+        threading.Thread(target=send, daemon=True,
+                         name="jaxcolo-multi-host-send").start()
+        done.wait(seconds_until(limit[0]))
+
+    def _send(self, h: int, link: HostLink, call: Call, args, lane_id: int,
+              ordered: bool, limit=None) -> None:
+        """Send part ``h`` of ``call``.  ``limit`` (deadline, seconds):
+        a send not begun by then fails the call with a timeout (nothing
+        was sent); one partly written goes on in the background (the call
+        then times out when its deadline is checked)."""
+        plan = call.plan
+        call_id = next(self._ids)
+        with self._lock:  # (a call is failed after releasing it)
+            if self._closed:
+                error = ExecutorError("ProcessExecutor is closed")
+            elif link.is_lost:
+                error = ExecutorError(f"{link.describe} was lost before the "
+                                      "call could be sent")
+            else:
+                error = None
+                if plan.instance_id:
+                    try:  # lost while this call waited for the restart
+                        self._check_instance(plan)
+                    except ExecutorError as e:
+                        error = e
+                    else:
+                        self._instances.setdefault(plan.instance_id,
+                                                   set()).add(h)
+            if error is None and ordered and call.abandoned:
+                return  # its hosts were lost meanwhile: not sent here
+            if error is None:
+                self._pending[call_id] = (call, h, link)
+                call.call_ids.append(call_id)
+                call.links.append((h, link))
+        if error is not None:
+            call.send_broken = True
+            call.fail(error)
+            return
+        deadline = None if limit is None else limit[0]
+        packer = None
+        try:
+            link.ensure_registered(plan.ref, deadline)
+            packer = arrays.Packer(link.pool)
+            devices = plan.host_devices[h]
+            for i, x in enumerate(args):
+                packer.add(i, x, devices)
+            link.expect_reply()
+            message = messages.Message(
+                messages.MessageKind.discover if call.discover
+                else messages.MessageKind.call, call_id=call_id,
+                lane=lane_id, program_id=plan.ref.id, shards=packer.finish(),
+                segments=packer.segments, ordered=ordered)
+            with interrupts.CRITICAL:  # Ctrl-C: after it is sent and known
+                try:                   # to be (the reply is awaited, the
+                    link.send(message, packer.frames, deadline)  # worker
+                except SendDeadline as e:              # returns the leases)
+                    if not e.started:
+                        link.expect_reply(-1)
+                        raise
+                packer = None  # sent, or its rest is being sent
+                call.sent_parts += 1
+        except SendDeadline:  # nothing of the call was sent
+            call.send_broken = True
+            with self._lock:
+                self._stats["timeouts"] += 1
+            self._fail_pending(call_id, ExecutorError(
+                f"{plan.name}: call timed out after {limit[1]}s before it "
+                f"could be sent to {link.describe} (its connection was busy "
+                "with earlier messages the worker had not read); it was "
+                "not sent"))
+        except ExecutorError as e:
+            call.send_broken = True
+            self._fail_pending(call_id, ExecutorError(
+                f"{link.describe}: could not send the call: {e}"))
+        except BaseException as e:
+            if packer is None:  # sent: its reply comes; the call fails
+                raise           # with e in _start
+            call.send_broken = True
+            if link.is_lost:  # e.g. its segment pool closed under us
+                e = ExecutorError(f"{link.describe} was lost while the call "
+                                  f"was being sent ({e!r})")
+            self._fail_pending(call_id, e)
+        finally:
+            if packer is not None and not link.is_lost:
+                packer.abandon()  # never sent: its leases come back
+
+    def _fail_pending(self, call_id, error) -> None:
+        with self._lock:
+            entry = self._pending.pop(call_id, None)
+        if entry is not None:
+            entry[0].fail(error)
+
