@@ -84,6 +84,31 @@ def test_input_polymorphism_one_program_per_signature(executor):
     assert signatures(f) == 5
 
 
+_SCALE = 2
+
+
+def test_each_specialisation_pickles_the_function_anew(executor):
+    """As in JAX, a new signature or specialize() copy pickles the function
+    again: a global it captures by value is the one of that moment (the
+    first pickle was reused, so the change was never seen)."""
+    global _SCALE
+    _SCALE = 2
+
+    def scaled(x):  # nested: pickled by value, with the globals it reads
+        return x * _SCALE
+    f = jaxcolo.colocated_python(scaled)
+    d = cpu_devices()[0]
+    try:
+        assert int(f(put(np.int32(1), d))) == 2
+        _SCALE = 10
+        assert float(f(put(np.float32(1), d))) == 10.0
+        assert int(f(put(np.int32(1), d))) == 2  # its own copy: as of then
+        g = f.specialize(out_specs_fn=lambda x: x)
+        assert int(g(put(np.int16(1), d))) == 10
+    finally:
+        _SCALE = 2
+
+
 def test_out_specs_fn_skips_discovery(executor):
     calls = []
 

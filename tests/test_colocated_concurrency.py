@@ -86,6 +86,37 @@ def test_submitted_calls_keep_order_under_jitter(executor, x):
         pop_state("order")
 
 
+def test_program_order_holds_across_hosts(executor, tmp_path):
+    """Calls of one thread on devices of different hosts run in program
+    order: a submitted slow call on device 0 (host 0) is done before the
+    thread's next call on device 7 (host 1 of two) starts."""
+    log_file = str(tmp_path / "order")
+
+    def writer(tag, delay):
+        def write(x):
+            time.sleep(delay)
+            with open(log_file, "a") as fh:
+                fh.write(tag + "\n")
+            return x
+        return jaxcolo.colocated_python(write).specialize(
+            out_specs_fn=_ident)
+    d0, d7 = cpu_devices()[0], cpu_devices()[7]
+    x0, x7 = put(1, d0), put(1, d7)
+    calls = [(writer("a", 0.4), x0), (writer("b", 0.0), x7),
+             (writer("c", 0.2), x0), (writer("d", 0.0), x0),
+             (writer("e", 0.0), x7)]
+    for f, arg in calls:  # discovered; nothing logged after this
+        f(arg)
+    open(log_file, "w").close()
+    futs = [f.submit(arg) for f, arg in calls[:-1]]
+    f, arg = calls[-1]
+    jax.block_until_ready(f(arg))  # a synchronous call waits its turn
+    for fut in futs:
+        fut.result(timeout=30)
+    with open(log_file) as fh:
+        assert fh.read().split() == ["a", "b", "c", "d", "e"]
+
+
 def test_threads_run_concurrently(executor, x):
     """Three threads meet at a barrier inside the function: no deadlock."""
     @jaxcolo.colocated_python

@@ -16,8 +16,10 @@ Semantics follow ``jax.experimental.colocated_python`` (JAX 0.10.2):
   calls of that signature wait for it, later calls reuse the specs;
 * ``specialize`` pins in_specs, out_specs_fn and devices, each at most once.
 
-The function body is pickled once per function (at its first call) and
-reused by every specialisation.
+Each specialisation pickles the function body when it first encodes a
+program (as JAX pickles one per specialisation): a global the body captures
+by value is the one of that moment, in every program of that
+specialisation.
 """
 
 from __future__ import annotations
@@ -90,17 +92,12 @@ class FunctionTarget:
         self.fn = fn
         self.name = getattr(fn, "__name__", "unknown")
         self.source_info = _source_info(fn)
-        self._bodies: dict[int, bytes] = {}
-        self._lock = threading.Lock()
 
     def body(self, version: int) -> bytes:
-        with self._lock:
-            data = self._bodies.get(version)
-            if data is None:
-                data = self._bodies[version] = dumps_body(
-                    self.fn, version=version,
-                    what=f"colocated function {self.name!r}")
-            return data
+        """The function pickled now (each specialisation pickles its own
+        copy, as in JAX: globals it captures by value are as of then)."""
+        return dumps_body(self.fn, version=version,
+                          what=f"colocated function {self.name!r}")
 
 
 class Specialized:
@@ -120,6 +117,7 @@ class Specialized:
         self._discovery: dict[int, ProgramRef] = {}
         self._in_payloads: dict[int, bytes] = {}
         self._out_payloads: dict[int, bytes] = {}
+        self._bodies: dict[int, bytes] = {}  # by version
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._discovering = False
@@ -143,8 +141,11 @@ class Specialized:
             in_specs = self._in_payloads[version] = spec_tree.encode_spec_tree(
                 self.in_treedef.unflatten(self.in_leaves), version)
         t = self.target
+        body = self._bodies.get(version)
+        if body is None:  # one pickle for the discovery and full program
+            body = self._bodies.setdefault(version, t.body(version))
         return ProgramRef.of(encode_program(
-            name=t.name, kind=t.kind, body=t.body(version), in_specs=in_specs,
+            name=t.name, kind=t.kind, body=body, in_specs=in_specs,
             out_specs=out_specs,
             device_ids=[payload_id(d) for d in self.devices],
             method_name=t.method_name, instance_id=t.instance_id,

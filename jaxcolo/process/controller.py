@@ -58,6 +58,7 @@ from jaxcolo.process.deadlines import Deadlines, check_timeout
 from jaxcolo.process.hosts import controller_hello
 from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
+from jaxcolo.process.lane_order import LaneOrder
 from jaxcolo.process import launch, lifetime
 from jaxcolo.process.results import Call, Plan, executor_thread
 from jaxcolo.process.sending import CallSending
@@ -162,6 +163,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         self._deadlines = Deadlines(lifetime.weak(self._expired),
                                     lifetime.weak(self._check_stragglers))
         self._destroys = DestroyQueue(lifetime.weak(self._send_destroy))
+        self._lane_order = LaneOrder(lifetime.weak(self._dispatch))
         # Ctrl-C waits until the main thread is between messages
         self._sigint = interrupts.install()
         owned = self._owned
@@ -334,18 +336,8 @@ class ProcessExecutor(HostSet, CallSending, Executor):
                 destroys.flush()
             with self._lock:
                 self._stats["discoveries" if discover else "calls"] += 1
-            if len(plan.hosts) == 1:
-                h = plan.hosts[0]
-                try:
-                    link = self._link(h, limit)
-                except ExecutorError as e:
-                    call.fail(e)
-                else:
-                    self._send(h, link, call, args, lane_id, False, limit)
-            elif limit is None:
-                self._send_multi_host(call, args, lane_id)
-            else:  # sends that outlast the deadline go on in the background
-                self._send_multi_host_until(call, args, lane_id, limit)
+            if self._lane_order.admit(call, args, lane_id, limit):
+                self._dispatch(call, args, lane_id, limit)
         except BaseException as e:  # e.g. KeyboardInterrupt while waiting
             call.fail(e)
             if counted:
@@ -408,6 +400,9 @@ class ProcessExecutor(HostSet, CallSending, Executor):
             call.fail(ExecutorError(
                 f"ProcessExecutor closed while this call was in flight on "
                 f"{link.describe}"))
+        self._lane_order.close(ExecutorError(
+            "ProcessExecutor closed while this call waited for its thread's "
+            "earlier calls on other hosts"))
         self._ready.wait(self._start_timeout)
         self._destroys.close()
         self._deadlines.close()

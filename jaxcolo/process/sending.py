@@ -29,6 +29,23 @@ from jaxcolo.transport.channel import SendDeadline, seconds_until
 
 
 class CallSending:
+    def _dispatch(self, call: Call, args, lane_id: int, limit) -> None:
+        """Send ``call`` to its hosts (``limit``: (deadline, seconds) or
+        None).  Failures fail the call; a BaseException (Ctrl-C) after a
+        part went out is raised."""
+        hosts = call.plan.hosts
+        if len(hosts) == 1:
+            try:
+                link = self._link(hosts[0], limit)
+            except ExecutorError as e:
+                call.fail(e)
+            else:
+                self._send(hosts[0], link, call, args, lane_id, False, limit)
+        elif limit is None:
+            self._send_multi_host(call, args, lane_id)
+        else:  # sends that outlast the deadline go on in the background
+            self._send_multi_host_until(call, args, lane_id, limit)
+
     def _send_multi_host(self, call: Call, args, lane_id: int,
                          limit=None) -> None:
         """Send the parts of a multi-host call, in the executor-wide order
