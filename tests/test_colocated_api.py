@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, \
+    SingleDeviceSharding
 
 import jaxcolo
 from tests import colocated_state
@@ -237,6 +238,33 @@ def test_weak_types_travel(executor):
     total, doubled = f(strong, put(np.ones(3, jnp.bfloat16), d))
     assert total.dtype == jnp.float32 and not doubled.weak_type
     assert signatures(f) == 2
+
+
+def test_weak_types_under_specialize(executor):
+    """out_specs_fn gets strong specs, as in JAX (a weak spec made a strong
+    result weak on a process executor), and an argument matching pinned
+    in_specs keeps its own weak type (a weak one arrived strong, or its
+    specialisation's discovered specs refused the strong one)."""
+    d = cpu_devices()[0]
+    w, s = jax.device_put(3, d), put(np.int32(3), d)
+    assert w.weak_type and not s.weak_type
+    seen = []
+
+    def out_specs(x):
+        seen.append(x.weak_type)
+        return x
+    f = jaxcolo.colocated_python(lambda x: x * jnp.int32(2)).specialize(
+        out_specs_fn=out_specs)
+    y = f(w)
+    assert seen == [False] and not y.weak_type
+    assert (y + jnp.int8(1)).dtype == jnp.int32
+    spec = jax.ShapeDtypeStruct((), jnp.int32,
+                                sharding=SingleDeviceSharding(d))
+    g = jaxcolo.colocated_python(lambda x: x + jnp.int8(1)).specialize(
+        in_specs=((spec,), {}))
+    assert g(w).dtype == jnp.int8  # promotes as a weak int32 does
+    assert g(s).dtype == jnp.int32
+    assert g(w).dtype == jnp.int8
 
 
 def test_non_array_inputs_are_rejected(executor):

@@ -374,9 +374,10 @@ class ColocatedFunction:
             self._check_pinned(treedef, arg_specs)
             # An in_spec without a sharding takes the argument's: one
             # specialisation per sharding, never one call's for the next.
+            # The argument's weak type is kept (it promotes on the host as
+            # it would in-process): one specialisation for each.
             in_leaves = tuple(
-                p if getattr(p, "sharding", None) is not None else
-                jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=a.sharding)
+                specs_mod.pinned_spec(p, a)
                 for p, a in zip(spec.in_specs_leaves, arg_specs))
             if spec.devices is not None:
                 specs_mod.check_within(in_leaves, spec.devices, "input",
@@ -400,8 +401,8 @@ class ColocatedFunction:
         if devices is None:
             devices = spec.devices or specs_mod.infer_devices(leaves)
         out_tree = None
-        if spec.out_specs_fn is not None:
-            a, kw = treedef.unflatten(in_leaves)
+        if spec.out_specs_fn is not None:  # given strong specs, as in JAX
+            a, kw = treedef.unflatten([specs_mod.strong(s) for s in in_leaves])
             out_tree = spec.out_specs_fn(*a, **kw)
         return Specialized(self._target, treedef, in_leaves, devices, out_tree)
 

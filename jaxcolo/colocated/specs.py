@@ -26,6 +26,24 @@ def get_spec(x: Any) -> jax.ShapeDtypeStruct:
                                 weak_type=getattr(x, "weak_type", False))
 
 
+def strong(spec: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    """``spec`` without its weak type (what JAX hands ``out_specs_fn``)."""
+    if not getattr(spec, "weak_type", False):
+        return spec
+    return jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=spec.sharding)
+
+
+def pinned_spec(pinned, arg: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    """The spec of an argument matching the pinned in_spec ``pinned``:
+    the pinned spec with the argument's weak type, and its sharding when
+    ``pinned`` has none."""
+    sharding = getattr(pinned, "sharding", None) or arg.sharding
+    if isinstance(pinned, jax.ShapeDtypeStruct):
+        return pinned.update(weak_type=arg.weak_type, sharding=sharding)
+    return jax.ShapeDtypeStruct(pinned.shape, pinned.dtype, sharding=sharding,
+                                weak_type=arg.weak_type)
+
+
 def infer_devices(leaves: Sequence[Any]) -> xc.DeviceList | None:
     """The one device list shared by all arguments (None without any)."""
     found: set = set()
