@@ -267,6 +267,21 @@ def test_weak_types_under_specialize(executor):
     assert g(w).dtype == jnp.int8
 
 
+def test_pinned_in_specs_keep_their_format(executor):
+    """An in_spec with a concrete layout (Format) still pins calls (giving
+    it the argument's weak type rebuilt it with a bare sharding, which JAX
+    refuses)."""
+    from jax.experimental.layout import Format, Layout
+    d = cpu_devices()[0]
+    spec = jax.ShapeDtypeStruct(
+        (4, 4), jnp.float32,
+        sharding=Format(Layout((0, 1)), SingleDeviceSharding(d)))
+    f = jaxcolo.colocated_python(lambda x: x * 2).specialize(
+        in_specs=((spec,), {}))
+    out = f(put(np.ones((4, 4), np.float32), d))
+    assert out.shape == (4, 4) and float(out[0, 0]) == 2.0
+
+
 def test_non_array_inputs_are_rejected(executor):
     f = jaxcolo.colocated_python(lambda x: x)
     for bad in (np.array(1), 1, "s", jax.ShapeDtypeStruct((), jnp.int32)):

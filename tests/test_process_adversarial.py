@@ -415,10 +415,14 @@ def test_a_call_timeout_covers_waiting_behind_another_send(tmp_path):
         assert ex.stats()["restarts"] == 0
 
 
-def test_a_multi_host_call_timeout_covers_its_sends():
+@pytest.mark.parametrize("max_version", [None, 6], ids=["current", "v6"])
+def test_a_multi_host_call_timeout_covers_its_sends(max_version):
     """A two-host call whose second host stopped reading: the call times out
     at its deadline, every host still gets its part (none is stranded in a
-    collective), and the cluster serves the next call unrestarted."""
+    collective), and the cluster serves the next call unrestarted -- also
+    with v6 sessions, whose hosts cannot hold a failed call (the send
+    stopped at the timeout, as after a host's error, and the cluster
+    restarted)."""
     devs = cpu_devices()
     mesh = Mesh(np.array(devs), ("x",))
     x = jax.device_put(np.ones((8, 1 << 21), np.float32),
@@ -430,12 +434,12 @@ def test_a_multi_host_call_timeout_covers_its_sends():
             lambda a: jax.lax.psum(jnp.sum(a), "x"), mesh=m, in_specs=P("x"),
             out_specs=P()))(v)
     f = jaxcolo.colocated_python(total)
-    with jaxcolo.ProcessExecutor(num_hosts=2, shm=False,
-                                 lost_timeout=60.0) as ex, \
+    with jaxcolo.ProcessExecutor(num_hosts=2, shm=False, lost_timeout=60.0,
+                                 max_version=max_version) as ex, \
             jaxcolo.use_executor(ex):
         assert float(f(x)) == 8 << 21
         pids = ex.worker_pids()
-        with _stopped(pids[1]):
+        with _stopped(pids[0]):  # the first host: the second is sent late
             t0 = time.monotonic()
             with pytest.raises(ExecutorError, match="timed out after 1.0s"):
                 with ex.timeout(1.0):

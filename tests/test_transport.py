@@ -312,3 +312,61 @@ def test_a_closed_channel_never_reads_another_connections_frames():
         second.close()
     finally:
         lis.close()
+
+
+def _socketpair_channel():
+    a, b = socket.socketpair()
+    chan = ch.Channel(a, mpc.Connection(os.dup(a.fileno())), None, 1)
+    return chan, b
+
+
+def test_a_send_nothing_of_which_went_out_by_its_deadline_is_not_sent():
+    """The peer stopped reading and earlier whole frames fill the
+    connection: a send that could write nothing by its deadline is
+    SendDeadline(started=False) and never arrives (it was handed to a
+    thread that sent it later, as if partly sent)."""
+    chan, peer = _socketpair_channel()
+    sent = 0
+    try:
+        while True:
+            try:
+                chan.send(b"x", deadline=time.monotonic() + 0.05)
+            except ch.SendDeadline as e:
+                assert e.started is False
+                break
+            sent += 1
+        reader = mpc.Connection(os.dup(peer.fileno()))
+        got = 0
+        while reader.poll(1.0):
+            assert reader.recv_bytes() == b"x"
+            got += 1
+        assert got == sent > 0
+        chan.send(b"after")  # the connection is in step
+        assert reader.recv_bytes() == b"after"
+        reader.close()
+    finally:
+        chan.close()
+        peer.close()
+
+
+def test_a_send_partly_written_by_its_deadline_is_finished_in_order():
+    """A frame partly written at its deadline is SendDeadline(started=True)
+    and a thread writes the rest; a send after it waits, and the peer gets
+    both whole, in order."""
+    chan, peer = _socketpair_channel()
+    big = os.urandom(8 << 20)
+    try:
+        with pytest.raises(ch.SendDeadline) as info:
+            chan.send(big, deadline=time.monotonic() + 0.2)
+        assert info.value.started is True
+        done = threading.Event()
+        threading.Thread(target=lambda: (chan.send(b"next"), done.set()),
+                         daemon=True).start()
+        reader = mpc.Connection(os.dup(peer.fileno()))
+        assert reader.recv_bytes() == big
+        assert reader.recv_bytes() == b"next"
+        assert done.wait(5)
+        reader.close()
+    finally:
+        chan.close()
+        peer.close()

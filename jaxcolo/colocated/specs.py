@@ -30,18 +30,23 @@ def strong(spec: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     """``spec`` without its weak type (what JAX hands ``out_specs_fn``)."""
     if not getattr(spec, "weak_type", False):
         return spec
-    return jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=spec.sharding)
+    return spec.update(weak_type=False)
 
 
 def pinned_spec(pinned, arg: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     """The spec of an argument matching the pinned in_spec ``pinned``:
     the pinned spec with the argument's weak type, and its sharding when
     ``pinned`` has none."""
-    sharding = getattr(pinned, "sharding", None) or arg.sharding
-    if isinstance(pinned, jax.ShapeDtypeStruct):
-        return pinned.update(weak_type=arg.weak_type, sharding=sharding)
-    return jax.ShapeDtypeStruct(pinned.shape, pinned.dtype, sharding=sharding,
-                                weak_type=arg.weak_type)
+    sharding = getattr(pinned, "sharding", None)
+    if not isinstance(pinned, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(pinned.shape, pinned.dtype,
+                                    sharding=sharding or arg.sharding,
+                                    weak_type=arg.weak_type)
+    if sharding is None:
+        return pinned.update(weak_type=arg.weak_type, sharding=arg.sharding)
+    if pinned.weak_type != arg.weak_type:  # (its format, etc. kept)
+        return pinned.update(weak_type=arg.weak_type)
+    return pinned
 
 
 def infer_devices(leaves: Sequence[Any]) -> xc.DeviceList | None:

@@ -225,7 +225,8 @@ class ProcessExecutor(HostSet, CallSending, Executor):
     # --------------------------------------------------------- interface
     def call(self, program, args: Sequence, *, lane: Hashable,
              checked: bool = False) -> list:
-        return self._wait(self._start(program, args, lane, False, checked))
+        return self._wait(self._start(program, args, lane, False, checked,
+                                      sync=True))
 
     def submit(self, program, args: Sequence, *, lane: Hashable,
                checked: bool = False) -> Future:
@@ -236,7 +237,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
 
     def discover(self, program, args: Sequence, *,
                  lane: Hashable) -> tuple[list, bytes]:
-        return self._wait(self._start(program, args, lane, True))
+        return self._wait(self._start(program, args, lane, True, sync=True))
 
     @staticmethod
     def _wait(call: Call):
@@ -309,7 +310,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
 
     # ------------------------------------------------------------- calls
     def _start(self, program, args, lane, discover: bool,
-               checked: bool = False) -> Call:
+               checked: bool = False, sync: bool = False) -> Call:
         if self._closed:
             raise ExecutorError("ProcessExecutor is closed")
         plan = self._plans.get(program.id) or self._plan(program)
@@ -333,10 +334,15 @@ class ProcessExecutor(HostSet, CallSending, Executor):
                                          lambda _: destroys.done(iid))
                 counted = False  # the callback counts it down now
             if destroys.due():  # destroys requested before this call
-                destroys.flush()
+                if not destroys.flush(None if limit is None else limit[0]):
+                    call.fail(ExecutorError(
+                        f"{plan.name}: call timed out after {timeout}s "
+                        "waiting for the destroys of instances dropped "
+                        "before it to be sent; it was not sent"))
+                    return call
             with self._lock:
                 self._stats["discoveries" if discover else "calls"] += 1
-            if self._lane_order.admit(call, args, lane_id, limit):
+            if self._lane_order.admit(call, args, lane_id, limit, sync):
                 self._dispatch(call, args, lane_id, limit)
         except BaseException as e:  # e.g. KeyboardInterrupt while waiting
             call.fail(e)
@@ -373,6 +379,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         with self._lock:
             if call.future.done():
                 return
+            call.timed_out = True
             self._stats["timeouts"] += 1
             multi = len(call.plan.hosts) > 1
             if not multi:  # multi-host: late replies still tell which
@@ -382,7 +389,10 @@ class ProcessExecutor(HostSet, CallSending, Executor):
             call.fail(ExecutorError(
                 f"{call.plan.name}: call timed out after {seconds}s on "
                 f"host(s) {list(call.plan.hosts)}; it may still run there, "
-                "its result will be dropped"))
+                "its result will be dropped" if call.call_ids else
+                f"{call.plan.name}: call timed out after {seconds}s before "
+                "it was sent (it waited for this thread's earlier calls on "
+                "other hosts); it was not sent"))
         if multi:  # still running straggler_timeout later: stuck
             self._watch_stragglers(call)
 

@@ -25,6 +25,8 @@ import queue
 import threading
 from typing import Callable, Hashable
 
+from jaxcolo.transport.channel import seconds_until
+
 log = logging.getLogger("jaxcolo.executor")
 
 class DestroyQueue:
@@ -60,28 +62,42 @@ class DestroyQueue:
         starting now must ``flush`` to follow the destroys before it)."""
         return bool(self._events) or self._lock.locked()
 
-    def flush(self) -> None:
-        """Handle every event queued so far; send the destroys due."""
-        with self._lock:
-            events = self._events
-            while events and not self._closed:
-                # taken off only once handled: an exception (an interrupt
-                # in a send) leaves it for the next flush
-                what, iid, lane = events[0]
-                if what == "call":
-                    self._inflight[iid] = self._inflight.get(iid, 0) + 1
-                elif what == "done":
-                    n = self._inflight.pop(iid, 1) - 1
-                    if n:
-                        self._inflight[iid] = n
-                    elif iid in self._waiting:
-                        self._send_logged(iid, self._waiting[iid])
-                        del self._waiting[iid]
-                elif self._inflight.get(iid):
-                    self._waiting[iid] = lane
-                else:
-                    self._send_logged(iid, lane)
-                events.popleft()
+    def flush(self, deadline: float | None = None) -> bool:
+        """Handle every event queued so far; send the destroys due.  False
+        (nothing done) if another thread handling them holds on past
+        ``deadline`` (time.monotonic(); e.g. its send waits for a worker
+        that stopped reading)."""
+        if deadline is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(timeout=seconds_until(deadline)):
+            return False
+        try:
+            self._handle_events()
+        finally:
+            self._lock.release()
+        return True
+
+    def _handle_events(self) -> None:
+        """(Under the lock.)"""
+        events = self._events
+        while events and not self._closed:
+            # taken off only once handled: an exception (an interrupt
+            # in a send) leaves it for the next flush
+            what, iid, lane = events[0]
+            if what == "call":
+                self._inflight[iid] = self._inflight.get(iid, 0) + 1
+            elif what == "done":
+                n = self._inflight.pop(iid, 1) - 1
+                if n:
+                    self._inflight[iid] = n
+                elif iid in self._waiting:
+                    self._send_logged(iid, self._waiting[iid])
+                    del self._waiting[iid]
+            elif self._inflight.get(iid):
+                self._waiting[iid] = lane
+            else:
+                self._send_logged(iid, lane)
+            events.popleft()
 
     def _send_logged(self, iid: int, lane) -> None:
         try:

@@ -9,12 +9,15 @@ back on the controller until the lane's calls in flight are done.
 Contract: at any time a lane's calls in flight all run on one and the same
 set of hosts (their workers order them).  A call for that host set (or of a
 lane with nothing in flight) is sent at once by its caller; any other call
-is *deferred*, as is every call behind a deferred one.  When the lane's
+is *deferred*, as is every call behind a deferred one.  Once the lane's
 calls in flight are all done (replied, failed or timed out), a thread sends
-the deferred calls of the next host set, oldest first.  A deferred call
-keeps its deadline (it may time out while it waits; it is then not sent),
-and ``close(error)`` fails the calls still deferred.  Synchronous calls
-never wait here: their caller saw the previous call finish.
+the deferred calls, oldest first, for as long as they are for the host set
+of the calls it sent (or those are done).  A deferred call keeps its
+deadline (it may time out while it waits; it is then not sent, and its
+arguments are let go), and ``close(error)`` fails the calls still deferred.
+A synchronous call of a lane with nothing in flight costs one dict lookup:
+it is sent at once and not counted (its thread waits for it before making
+another call).
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ import threading
 from concurrent.futures import Future
 from typing import Callable
 
+from jaxcolo.process.results import executor_thread
+
 log = logging.getLogger("jaxcolo.executor")
+
+
+MAX_IDLE_LANES = 1024  # idle lane states kept before a sweep
 
 
 class _Lane:
@@ -33,9 +41,12 @@ class _Lane:
 
     def __init__(self, hosts):
         self.hosts = hosts          # the host set of the calls in flight
-        self.unfinished = 0         # calls in flight
-        self.deferred = collections.deque()  # (call, args, lane_id, limit)
+        self.unfinished = 0         # calls in flight (counted ones)
+        self.deferred = collections.deque()  # [call, args, lane_id, limit]
         self.pumping = False        # a thread is sending deferred calls
+
+    def idle(self) -> bool:
+        return not (self.unfinished or self.deferred or self.pumping)
 
 
 class LaneOrder:
@@ -48,42 +59,54 @@ class LaneOrder:
         self._lanes: dict = {}
         self._closed = None  # the error deferred calls fail with at close
 
-    def admit(self, call, args, lane_id: int, limit) -> bool:
+    def admit(self, call, args, lane_id: int, limit, sync: bool = False
+              ) -> bool:
         """True: send ``call`` now (the caller does).  False: it was
-        deferred, and will be sent (or failed) by this object."""
+        deferred, and will be sent (or failed) by this object.  ``sync``:
+        the caller waits for this call's result before its next call, so a
+        call admitted at once is not counted."""
+        lane = self._lanes.get(lane_id)
+        if sync and (lane is None or lane.idle()):
+            return True  # (only this lane's own thread makes it busy)
         hosts = call.plan.hosts
+        entry = None
         with self._lock:
             lane = self._lanes.get(lane_id)
             if lane is None:
                 lane = self._lanes[lane_id] = _Lane(hosts)
-            wait = lane.deferred or (lane.unfinished and lane.hosts != hosts)
+            wait = lane.deferred or lane.pumping or (
+                lane.unfinished and lane.hosts != hosts)
             if not wait:
                 lane.hosts = hosts
-                lane.unfinished += 1
+                if not sync:
+                    lane.unfinished += 1
             elif self._closed is None:
-                lane.deferred.append((call, args, lane_id, limit))
-                return False
+                entry = [call, args, lane_id, limit]
+                lane.deferred.append(entry)
+        if entry is not None:  # failed while it waits (a timeout): its
+            Future.add_done_callback(  # arguments are not kept
+                call.future, lambda _: entry.__setitem__(1, None))
+            return False
         if wait:  # closed: it would never be sent
             call.fail(self._closed)
             return False
-        self._count(call, lane_id, lane)
+        if not sync:
+            self._count(call, lane)
         return True
 
-    def _count(self, call, lane_id: int, lane: _Lane) -> None:
+    def _count(self, call, lane: _Lane) -> None:
         # Future's own method: runs inline in the thread completing it
-        Future.add_done_callback(
-            call.future, lambda _: self._finished(lane_id, lane))
+        Future.add_done_callback(call.future, lambda _: self._finished(lane))
 
-    def _finished(self, lane_id: int, lane: _Lane) -> None:
+    def _finished(self, lane: _Lane) -> None:
         with self._lock:
             lane.unfinished -= 1
-            if lane.unfinished:
+            if lane.unfinished or lane.pumping:
                 return
             if not lane.deferred:
-                if self._lanes.get(lane_id) is lane:
-                    del self._lanes[lane_id]  # idle: forgotten
-                return
-            if lane.pumping:
+                if len(self._lanes) > MAX_IDLE_LANES:
+                    self._lanes = {k: v for k, v in self._lanes.items()
+                                   if not v.idle()}
                 return
             lane.pumping = True
         try:
@@ -93,27 +116,30 @@ class LaneOrder:
             self._fail_deferred(lane, e)
 
     def _pump(self, lane: _Lane) -> None:
-        """Send the lane's deferred calls of its next host set, in order."""
-        while True:
-            with self._lock:
-                if lane.unfinished or not lane.deferred:
-                    lane.pumping = False
-                    return
-                hosts = lane.deferred[0][0].plan.hosts
-                batch = []
-                while lane.deferred and \
-                        lane.deferred[0][0].plan.hosts == hosts:
-                    batch.append(lane.deferred.popleft())
-                lane.hosts = hosts
-                lane.unfinished += len(batch)
-            for call, args, lane_id, limit in batch:
-                self._count(call, lane_id, lane)
-                if call.future.done():  # timed out while it waited
-                    continue
+        """Send the lane's deferred calls in order, while they are for the
+        host set of its calls in flight (or none is in flight).  Calls
+        admitted meanwhile queue behind them."""
+        with executor_thread():  # callbacks of calls failed here: not here
+            while True:
+                with self._lock:
+                    queued = lane.deferred
+                    if not queued or (lane.unfinished and
+                                      queued[0][0].plan.hosts != lane.hosts):
+                        lane.pumping = False
+                        return
+                    entry = queued.popleft()
+                    call, args, lane_id, limit = entry
+                    entry[1] = None  # the call holds what it needs now
+                    lane.hosts = call.plan.hosts
+                    lane.unfinished += 1
+                self._count(call, lane)
+                if args is None or call.future.done():
+                    continue  # timed out (or closed) while it waited
                 try:
                     self._dispatch(call, args, lane_id, limit)
                 except BaseException as e:  # noqa: BLE001 - the call's
                     call.fail(e)
+                args = entry = None
                 for _, link in call.links:
                     link.kick()  # the caller waits on the future only
 

@@ -142,7 +142,7 @@ class Call:
     __slots__ = ("plan", "discover", "future", "call_ids", "links", "_parts",
                  "_remaining", "_lock", "_make_error", "_assembling", "held",
                  "abandoned", "sending", "sent_parts", "watched",
-                 "send_broken", "__weakref__")
+                 "send_broken", "timed_out", "__weakref__")
 
     def __init__(self, plan: Plan, discover: bool, make_error):
         self.plan = plan
@@ -164,6 +164,7 @@ class Call:
         self.sent_parts = 0     # parts that went out
         self.watched = False    # a straggler check is scheduled
         self.send_broken = False  # a part could not be sent
+        self.timed_out = False    # failed at its deadline
 
     def wait(self):
         return self.future.result()

@@ -23,7 +23,7 @@ from jaxcolo.errors import ExecutorError
 from jaxcolo.process import arrays, messages
 from jaxcolo.process.hostset import RESUME_SINCE
 from jaxcolo.process.hosts import HostLink
-from jaxcolo.process.results import Call
+from jaxcolo.process.results import Call, executor_thread
 from jaxcolo.transport import interrupts
 from jaxcolo.transport.channel import SendDeadline, seconds_until
 
@@ -58,9 +58,13 @@ class CallSending:
                 # holds), unless a host cannot hold (v<7)
                 holds = all(link.version >= RESUME_SINCE for _, link in links)
                 for h, link in links:
-                    if call.send_broken or call.abandoned or (
-                            call.future.done() and not holds):
+                    if call.send_broken or call.abandoned:
                         break
+                    if call.timed_out:  # sent to all its hosts, or to none
+                        if not call.sent_parts:
+                            break
+                    elif call.future.done() and not holds:
+                        break  # failed on a host that cannot hold
                     self._send(h, link, call, args, lane_id, True)
             finally:
                 self._sent_multi_host(call)
@@ -75,8 +79,9 @@ class CallSending:
         done = threading.Event()
 
         def send() -> None:
-            try:
-                self._send_multi_host(call, args, lane_id, limit)
+            try:  # callbacks of calls failed here run on their own thread
+                with executor_thread():
+                    self._send_multi_host(call, args, lane_id, limit)
             except BaseException as e:  # noqa: BLE001 - the call reports it
                 call.fail(e)
             finally:

@@ -40,7 +40,7 @@ _LENGTH = struct.Struct("!i")
 _LENGTH64 = struct.Struct("!Q")
 _SMALL = 1 << 14  # a frame up to this size goes with its length in one buffer
 _IOV_MAX = 512    # buffers per sendmsg (the system's limit is 1024)
-_POLL_MAX_MS = 1 << 30  # poll() takes a C int of milliseconds
+_POLL_STEP_MS = 1000  # a blocked writer checks for close() this often
 # Seconds a receiver expecting a frame soon polls without sleeping before it
 # blocks (saves a scheduler wake-up per message); JAXCOLO_SPIN overrides.
 SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
@@ -308,8 +308,13 @@ class Channel:
         handed = False
         try:
             with CRITICAL:  # Ctrl-C: after the frames are out
-                pending = self._write(_framed(frames),
-                                      deadline if finish else None)
+                bufs = _framed(frames)
+                first = bufs[0]
+                pending = self._write(bufs, deadline if finish else None)
+                if pending and pending[0] is first:  # not a byte went out
+                    raise SendDeadline("the peer was not reading (earlier "
+                                       "messages filled the connection) "
+                                       "until the deadline", started=False)
                 if pending:
                     self._finish_later(pending)
                     handed = True
@@ -319,8 +324,8 @@ class Channel:
             if not handed:
                 lock.release()
         if handed:
-            raise SendDeadline("the peer did not take the message by the "
-                               "deadline; the rest of it is sent in the "
+            raise SendDeadline("the peer did not take the whole message by "
+                               "the deadline; the rest of it is sent in the "
                                "background", started=True)
 
     def _write(self, pending: collections.deque, deadline: float | None):
@@ -346,13 +351,15 @@ class Channel:
                     n = 0
             if not pending:
                 break
+            if self.closed:  # (its fd number may be another file's now)
+                raise OSError("the connection was closed")
             if deadline is None:
-                wait = None
+                wait = _POLL_STEP_MS  # then look at ``closed`` again
             else:
                 wait = seconds_until(deadline)
                 if not wait:
                     return pending
-                wait = min(max(1, int(wait * 1000)), _POLL_MAX_MS)
+                wait = min(max(1, int(wait * 1000)), _POLL_STEP_MS)
             events = self._wpoll.poll(wait)
             if events and events[0][1] & select.POLLNVAL:
                 raise OSError("the connection was closed")

@@ -1,0 +1,161 @@
+"""Program order across hosts and the bounds of a call's timeout on a
+two-host ProcessExecutor: calls a thread defers behind its calls on other
+hosts, the thread that sends them, and what a timeout lets go of."""
+
+import gc
+import os
+import signal
+import threading
+import time
+import weakref
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxcolo
+from jaxcolo.errors import ExecutorError
+
+
+def _writer(log_file, tag, delay=0.0):
+    def write(x):
+        time.sleep(delay)
+        with open(log_file, "a") as fh:
+            fh.write(tag + "\n")
+        return x
+    return jaxcolo.colocated_python(write).specialize(out_specs_fn=lambda x: x)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with jaxcolo.ProcessExecutor(num_hosts=2) as ex, jaxcolo.use_executor(ex):
+        yield ex
+
+
+def _on(i, x):
+    return jax.device_put(x, jax.devices()[i])
+
+
+def test_a_call_does_not_overtake_a_deferred_one_being_sent(hosts,
+                                                            tmp_path):
+    """A thread's call for the host set of a deferred call the pump thread
+    is still packing (64 MiB) waits behind it (it was sent at once and
+    overtook it)."""
+    log_file = str(tmp_path / "log")
+    a, b, c = (_writer(log_file, "a", 0.3), _writer(log_file, "b"),
+               _writer(log_file, "c"))
+    x0, x7 = _on(0, jnp.ones(4)), _on(7, jnp.ones(4))
+    big7 = _on(7, jnp.ones(16 << 20, jnp.float32))
+    a(x0), b(big7), c(x7)
+    for _ in range(3):
+        open(log_file, "w").close()
+        fa = a.submit(x0)    # host 0, 0.3 s
+        fb = b.submit(big7)  # host 1: deferred behind fa
+        fa.result(timeout=30)
+        time.sleep(0.005)    # the pump is packing fb
+        c(x7)                # host 1: after fb
+        fb.result(timeout=30)
+        with open(log_file) as fh:
+            assert fh.read().split() == ["a", "b", "c"]
+
+
+def test_callbacks_of_calls_the_pump_fails_run_elsewhere(hosts):
+    """A deferred call failed by the thread sending deferred calls runs
+    its done-callbacks on another thread: a callback waiting for the
+    lane's next deferred call finishes (it ran on the sending thread,
+    which it blocked)."""
+    def slow(x):
+        time.sleep(0.5)
+        return x
+    a = jaxcolo.colocated_python(slow).specialize(out_specs_fn=lambda x: x)
+    b = jaxcolo.colocated_python(lambda x: x).specialize(
+        out_specs_fn=lambda x: x)
+    b(_on(7, jnp.ones(4)))
+    doomed, ok7 = _on(7, jnp.ones(4)), _on(7, jnp.ones(4))
+    fa = a.submit(_on(0, jnp.ones(4)))
+    fb = b.submit(doomed)  # deferred
+    fc = b.submit(ok7)     # deferred behind it
+    seen = {}
+    ran = threading.Event()
+
+    def callback(fut):
+        seen["thread"] = threading.current_thread().name
+        try:
+            fc.result(timeout=10)
+            seen["fc"] = "done"
+        except Exception as e:  # reported below
+            seen["fc"] = repr(e)
+        ran.set()
+    fb.add_done_callback(callback)
+    doomed.delete()  # fb fails when it is packed
+    fa.result(timeout=30)
+    assert ran.wait(20)
+    assert fb.exception() is not None
+    assert seen["fc"] == "done" and seen["thread"] != "jaxcolo-lane-order"
+
+
+def test_a_deferred_call_that_times_out_is_not_sent_nor_kept(hosts,
+                                                             tmp_path):
+    """A call deferred behind a slow call on another host times out at its
+    deadline, is never sent, and its arguments are let go at once (they
+    stayed until the slow call finished)."""
+    log_file = str(tmp_path / "log")
+    slow = _writer(log_file, "slow", 1.5)
+    quick = _writer(log_file, "quick")
+    x0, x7 = _on(0, jnp.ones(4)), _on(7, jnp.ones(4))
+    slow(x0), quick(x7)
+    open(log_file, "w").close()
+    big7 = _on(7, jnp.ones(1 << 20, jnp.float32))
+    ref = weakref.ref(big7)
+    fs = slow.submit(x0)
+    with hosts.timeout(0.3):
+        fq = quick.submit(big7)  # deferred behind fs
+    del big7
+    with pytest.raises(ExecutorError, match="before it was sent.*it was "
+                                            "not sent"):
+        fq.result(timeout=10)
+    gc.collect()
+    assert ref() is None and not fs.done()
+    fs.result(timeout=30)
+    quick(x7)
+    with open(log_file) as fh:
+        assert fh.read().split() == ["slow", "quick"]
+
+
+def test_a_timeout_covers_waiting_for_destroys_stuck_on_another_host():
+    """A call with a timeout to a healthy host, made while the destroy of
+    an instance on a stopped host waits to be sent, fails at its deadline
+    (it waited for the stopped host)."""
+    @jaxcolo.colocated_python_class
+    class Obj:
+        def echo(self, x):
+            return x
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=lambda x: x)
+    g = jaxcolo.colocated_python(lambda x: x).specialize(
+        out_specs_fn=lambda x: x)
+    x0, x7 = _on(0, jnp.ones(4)), _on(7, jnp.ones(4))
+    big0 = _on(0, jnp.zeros(16 << 20, jnp.float32))
+    with jaxcolo.ProcessExecutor(num_hosts=2, shm=False,
+                                 lost_timeout=60.0) as ex, \
+            jaxcolo.use_executor(ex):
+        obj = Obj()
+        obj.echo(x0)  # an instance on host 0
+        f(big0), g(x7)
+        pid0 = ex.worker_pids()[0]
+        os.kill(pid0, signal.SIGSTOP)
+        try:
+            with pytest.raises(ExecutorError, match="timed out"):
+                with ex.timeout(1.0):
+                    f(big0)  # its rest holds host 0's connection
+            del obj
+            gc.collect()  # its destroy waits for host 0
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            with pytest.raises(ExecutorError, match="destroys"):
+                with ex.timeout(1.0):
+                    g(x7)
+            assert time.monotonic() - t0 < 5
+        finally:
+            os.kill(pid0, signal.SIGCONT)
+        assert float(g(x7)[0]) == 1.0
