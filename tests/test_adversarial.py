@@ -27,7 +27,7 @@ import jaxcolo
 import jaxcolo.export as je
 from jaxcolo import envelope
 from jaxcolo.checking import check_readable
-from jaxcolo.codec import aval, memo, mesh as mesh_codec, pytree, symbolic
+from jaxcolo.codec import aval, memo, mesh as mesh_codec, names, symbolic
 from jaxcolo.colocated.program import decode_program, encode_program
 from jaxcolo.export.layouts import EXPORTED as LE, TREE as LT
 from jaxcolo.process import messages as M
@@ -350,7 +350,7 @@ def test_defaultdict_factories_must_be_registered(monkeypatch):
     # A payload naming a callable the reader has not registered (os.abort,
     # say: the decoded dict would call it on a missing key) is refused.
     name = f"{__name__}:module_level_factory"
-    monkeypatch.setitem(pytree._DEFAULT_FACTORIES, name, module_level_factory)
+    monkeypatch.setitem(names.DEFAULT_FACTORIES, name, module_level_factory)
     data = jaxcolo.serialize(collections.defaultdict(module_level_factory,
                                                      {"k": _leaf()}))
     monkeypatch.undo()
@@ -358,8 +358,8 @@ def test_defaultdict_factories_must_be_registered(monkeypatch):
                        r":module_level_factory' is not registered here.*at "
                        r"\$\.structure\.node_data\[0\]\.name"):
         jaxcolo.deserialize(data)
-    monkeypatch.setattr(pytree, "_DEFAULT_FACTORIES",
-                        dict(pytree._DEFAULT_FACTORIES))
+    monkeypatch.setattr(names, "DEFAULT_FACTORIES",
+                        dict(names.DEFAULT_FACTORIES))
     jaxcolo.register_default_factory(module_level_factory)
     back = jaxcolo.deserialize(data)
     assert back.default_factory is module_level_factory and \

@@ -10,7 +10,6 @@ unregistered namedtuple is resolved only among modules already imported.
 from __future__ import annotations
 
 import collections
-import sys
 
 import numpy as np
 from jax._src import tree_util as jtu
@@ -21,6 +20,8 @@ from jaxcolo_fb import KeyKind
 from jaxcolo_fb import LeafKind
 from jaxcolo_fb import NodeKind
 from jaxcolo.codec.core import register_leaf, register_table
+from jaxcolo.codec.names import factory_name, is_namedtuple, qualified, \
+    registered_factory, resolve_imported
 from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.fastbuilder import offset_vector
 from jaxcolo.wire import layout
@@ -52,30 +53,6 @@ _NODE_KIND_MAX = NodeKind.custom
 _WITH_DATA = frozenset((NodeKind.dict, NodeKind.namedtuple,
                         NodeKind.ordered_dict, NodeKind.default_dict,
                         NodeKind.custom))
-
-
-def _is_namedtuple(t) -> bool:
-    return (isinstance(t, type) and issubclass(t, tuple)
-            and isinstance(getattr(t, "_fields", None), tuple))
-
-
-def _qualified(obj) -> str:
-    return f"{obj.__module__}:{obj.__qualname__}"
-
-
-def resolve_imported(name: str):
-    """The object named "module:qualname" if its module is already imported
-    (looked up in namespaces only: nothing is imported, no module
-    __getattr__ runs)."""
-    module_name, _, qualname = name.partition(":")
-    obj = sys.modules.get(module_name)
-    if obj is None or not qualname:
-        return None
-    for part in qualname.split("."):
-        obj = vars(obj).get(part) if hasattr(obj, "__dict__") else None
-        if obj is None:
-            return None
-    return obj
 
 
 # ------------------------------------------------------------------ encode
@@ -141,8 +118,8 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
         factory, keys = aux
         out.kinds.append(NodeKind.default_dict)
         out.node_data.append(("defaultdict", *_keys(keys, path),
-                              _factory_name(factory, path)))
-    elif t in jexport.serialization_registry and not _is_namedtuple(t):
+                              factory_name(factory, path)))
+    elif t in jexport.serialization_registry and not is_namedtuple(t):
         name, ser = jexport.serialization_registry[t]
         try:
             blob = ser(aux)
@@ -156,9 +133,9 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
                 f"{type(blob).__name__}, expected bytes", path)
         out.kinds.append(NodeKind.custom)
         out.node_data.append(("custom", name, bytes(blob)))
-    elif _is_namedtuple(t):
+    elif is_namedtuple(t):
         reg = jexport.serialization_registry.get(t)
-        name = reg[0] if reg is not None else _qualified(t)
+        name = reg[0] if reg is not None else qualified(t)
         if reg is None and ("<locals>" in name or
                             resolve_imported(name) is not t):
             raise EncodeError(
@@ -176,41 +153,6 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
     out.arities.append(len(children))
     for c in children:
         _flatten_node(c, out, path, depth + 1)
-
-
-# defaultdict default_factory name -> callable.  Only these are written and
-# read: a payload naming any other callable is refused, because the decoded
-# defaultdict would call it on every missing key.
-_DEFAULT_FACTORIES: dict = {}
-
-
-def register_default_factory(factory) -> None:
-    """Allow defaultdicts with ``default_factory=factory`` (a named,
-    module-level callable) in payloads, written and read by its
-    ``module:qualname``.  Built-in containers and scalars are allowed
-    already; register other factories in writer and reader alike."""
-    name = _qualified(factory) if hasattr(factory, "__qualname__") else None
-    if name is None or resolve_imported(name) is not factory:
-        raise ValueError(f"default_factory {factory!r} must be a named "
-                         "module-level callable")
-    _DEFAULT_FACTORIES[name] = factory
-
-
-for _factory in (list, dict, set, frozenset, tuple, int, float, complex, str,
-                 bytes, bool, collections.OrderedDict, collections.Counter,
-                 collections.deque, collections.defaultdict):
-    register_default_factory(_factory)
-
-
-def _factory_name(factory, path) -> str:
-    if factory is None:
-        return ""
-    name = _qualified(factory) if hasattr(factory, "__qualname__") else None
-    if name is None or _DEFAULT_FACTORIES.get(name) is not factory:
-        raise EncodeError(
-            f"defaultdict default_factory {factory!r} is not registered "
-            "(jaxcolo.register_default_factory)", path)
-    return name
 
 
 _FLAT_CACHE: dict = {}
@@ -448,7 +390,7 @@ def _node_spec(kind, t, n, path):
         fname = t.string(LD.name, path, "name") or ""
         factory = None
         if fname:
-            factory = _DEFAULT_FACTORIES.get(fname)
+            factory = registered_factory(fname)
             if factory is None:
                 raise PayloadError(
                     f"defaultdict default_factory {fname[:200]!r} is not "
@@ -485,7 +427,7 @@ def _node_spec(kind, t, n, path):
 def _lookup_namedtuple(name, path):
     reg = jexport.deserialization_registry.get(name)
     nt = reg[0] if reg is not None else resolve_imported(name)
-    if not _is_namedtuple(nt):
+    if not is_namedtuple(nt):
         raise UnregisteredError(
             f"namedtuple type {name!r} is neither registered (jax.export."
             "register_namedtuple_serialization) nor defined in an imported "
