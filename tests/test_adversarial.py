@@ -800,3 +800,79 @@ def test_many_nodes_sharing_their_node_data_decode():
     data = jaxcolo.serialize([td, tree])
     back_td, back = jaxcolo.deserialize(data)
     assert back_td == td and len(back) == 2000 and back[-1].cfg == cfg
+
+
+class _Unserialized(typing.NamedTuple):
+    x: object
+    y: object
+
+
+class _FieldsOnly(typing.NamedTuple):
+    x: object
+    y: object
+
+
+class _BecomesCustom(typing.NamedTuple):
+    x: object
+    y: object
+
+
+class _CustomNT(typing.NamedTuple):
+    x: object
+    y: object
+
+
+class _PlainNT_(typing.NamedTuple):  # name as long as _CustomNT's
+    x: object
+    y: object
+
+
+for _t in (_Unserialized, _FieldsOnly, _CustomNT):
+    jax.tree_util.register_pytree_node(
+        _t, lambda t: ((t.y, t.x), "swapped"),
+        lambda aux, ch, t=_t: t(ch[1], ch[0]))
+export.register_namedtuple_serialization(
+    _FieldsOnly, serialized_name="tests.test_adversarial._FieldsOnly")
+export.register_pytree_node_serialization(
+    _CustomNT, serialized_name="tests.test_adversarial._CustomNT",
+    serialize_auxdata=str.encode, deserialize_auxdata=bytes.decode)
+export.register_namedtuple_serialization(
+    _PlainNT_, serialized_name="tests.test_adversarial._PlainNT_")
+
+
+def test_namedtuples_registered_as_custom_nodes_are_not_namedtuple_nodes():
+    """A namedtuple class registered as a custom pytree node was written as
+    a plain namedtuple (the auxdata dropped, the children swapped back):
+    now it is a custom node, which needs its serialization registered;
+    register_namedtuple_serialization (which drops the auxdata) is refused."""
+    x, y = _leaf(), jax.ShapeDtypeStruct((3,), np.int8)
+    with pytest.raises(jaxcolo.EncodeError, match=r"_Unserialized is "
+                       r"registered as a custom pytree node.*register_pytree"
+                       r"_node_serialization.* - at \$$"):
+        jaxcolo.serialize({"k": [_Unserialized(x, y)]})
+    with pytest.raises(jaxcolo.EncodeError, match=r"_FieldsOnly is registered"
+                       r" as a custom pytree node.*from_children"):
+        jaxcolo.serialize(jax.tree_util.tree_structure(_FieldsOnly(x, y)))
+    assert jaxcolo.deserialize(jaxcolo.serialize(_CustomNT(x, y))) == \
+        _CustomNT(x, y)
+
+
+def test_readers_refuse_namedtuples_of_another_kind_here():
+    """A namedtuple node of a type that is a custom node here would be
+    rebuilt with no auxdata; a custom node of a type that is a plain
+    namedtuple here would be rebuilt as a namedtuple node."""
+    x, y = _leaf(), jax.ShapeDtypeStruct((3,), np.int8)
+    data = jaxcolo.serialize([_BecomesCustom(x, y)])
+    jax.tree_util.register_pytree_node(
+        _BecomesCustom, lambda t: ((t.y, t.x), None),
+        lambda _, ch: _BecomesCustom(ch[1], ch[0]))
+    with pytest.raises(jaxcolo.PayloadError, match=r"_BecomesCustom' is a "
+                       r"custom pytree node here.* at \$\.structure\.node_data"
+                       r"\[0\]\.name"):
+        jaxcolo.deserialize(data)
+    plain = jaxcolo.serialize(_CustomNT(x, y), compress=False)
+    body = plain[16:].replace(b"._CustomNT", b"._PlainNT_")
+    assert body != plain[16:]
+    with pytest.raises(jaxcolo.PayloadError, match=r"_PlainNT_' is a plain "
+                       r"namedtuple here.* at \$\.structure\.node_data\[0\]"):
+        jaxcolo.deserialize(_reseal(plain, body=body))

@@ -1,6 +1,8 @@
 """Python types and callables named by ``module:qualname`` in pytree nodes.
 
-A reader finds namedtuples and defaultdict factories by name among modules
+How a node type is written depends on how JAX flattens it (a namedtuple may
+be a plain namedtuple node or a custom node with its own flatten), and a
+reader finds namedtuples and defaultdict factories by name among modules
 already imported, never importing one.
 """
 
@@ -8,6 +10,9 @@ from __future__ import annotations
 
 import collections
 import sys
+
+from jax._src import tree_util as jtu
+from jax._src.export import _export as jexport
 
 from jaxcolo.errors import EncodeError
 
@@ -34,6 +39,46 @@ def resolve_imported(name: str):
 def is_namedtuple(t) -> bool:
     return (isinstance(t, type) and issubclass(t, tuple)
             and isinstance(getattr(t, "_fields", None), tuple))
+
+
+def is_custom_node(t) -> bool:
+    """Whether JAX flattens ``t`` with a flatten registered for it
+    (register_pytree_node, register_dataclass and the like) rather than
+    natively.  A namedtuple class so registered is a custom node (its own
+    children and auxdata), not a namedtuple node; the registry consulted is
+    the one jax.export consults for the same question."""
+    return t in jtu._registry
+
+
+def plain_namedtuple(t) -> bool:
+    """Whether JAX flattens ``t`` as a namedtuple node (all fields, no
+    auxdata)."""
+    return is_namedtuple(t) and not is_custom_node(t)
+
+
+def custom_namedtuple_error(t, path):
+    """None if custom-node namedtuple ``t`` can be written as a custom node,
+    else the EncodeError saying why not."""
+    reg = jexport.serialization_registry.get(t)
+    if reg is None:
+        return EncodeError(
+            f"namedtuple {t.__qualname__} is registered as a custom pytree "
+            "node (its own flatten and auxdata), so it is serialized as one: "
+            "register it with jax.export.register_pytree_node_serialization "
+            "(register_namedtuple_serialization drops the auxdata)", path)
+    # Registered with a from_children of its own: that is how
+    # register_namedtuple_serialization rebuilds a plain namedtuple from its
+    # fields, dropping the auxdata.  The reader rebuilds custom nodes with
+    # the registered unflatten from the auxdata, which would misread them.
+    from_children = jexport.deserialization_registry[reg[0]][2]
+    if from_children is not jtu._registry[t].from_iter:
+        return EncodeError(
+            f"namedtuple {t.__qualname__} is registered as a custom pytree "
+            f"node, but its serialization {reg[0]!r} has its own from_children "
+            "(as register_namedtuple_serialization makes), which drops the "
+            "node's auxdata: register it with jax.export."
+            "register_pytree_node_serialization without from_children", path)
+    return None
 
 
 # defaultdict default_factory name -> callable.  Only these are written and

@@ -3,7 +3,8 @@
 Built-in nodes (None, tuple, list, dict, namedtuple, OrderedDict, defaultdict)
 are encoded natively.  Other node types go through one registry: the one users
 already fill with ``jax.export.register_pytree_node_serialization`` /
-``register_namedtuple_serialization``.  Decoding never imports a module: an
+``register_namedtuple_serialization``.  A namedtuple class registered as a
+custom pytree node is a custom node (JAX flattens it with its own flatten).  Decoding never imports a module: an
 unregistered namedtuple is resolved only among modules already imported.
 """
 
@@ -20,7 +21,8 @@ from jaxcolo_fb import KeyKind
 from jaxcolo_fb import LeafKind
 from jaxcolo_fb import NodeKind
 from jaxcolo.codec.core import register_leaf, register_table
-from jaxcolo.codec.names import factory_name, is_namedtuple, qualified, \
+from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
+    is_custom_node, is_namedtuple, plain_namedtuple, qualified, \
     registered_factory, resolve_imported
 from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.fastbuilder import offset_vector
@@ -48,6 +50,30 @@ def copy_budget(size: int) -> int:
     """Node copies a reader allows rebuilding the trees of a body of
     ``size`` bytes."""
     return COPY_RATIO * size + COPY_FLOOR
+
+# jaxlib's from_node_data_and_children makes any node of a namedtuple type a
+# namedtuple node, even when the type is registered as a custom node: those
+# are assembled from PyTreeDef's pickle state (the children's nodes in
+# postorder, then the node), costing about STATE_COST copies per node below
+# (charged by writer and reader alike).
+STATE_COST = 16
+_CUSTOM_KIND = jtu.tree_structure(
+    collections.OrderedDict(a=0)).__getstate__()[1][-1][0]
+
+
+def _make_custom_node(registry, node_data, children):
+    """from_node_data_and_children for a custom node of a namedtuple type."""
+    t, aux = node_data
+    nodes, leaves = [], 0
+    for c in children:
+        nodes += c.__getstate__()[1]
+        leaves += c.num_leaves
+    nodes.append((_CUSTOM_KIND, len(children), aux, t, leaves,
+                  len(nodes) + 1))
+    td = PyTreeDef.__new__(PyTreeDef)
+    td.__setstate__((registry, nodes))
+    return td
+
 
 _NODE_KIND_MAX = NodeKind.custom
 _WITH_DATA = frozenset((NodeKind.dict, NodeKind.namedtuple,
@@ -119,7 +145,21 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
         out.kinds.append(NodeKind.default_dict)
         out.node_data.append(("defaultdict", *_keys(keys, path),
                               factory_name(factory, path)))
-    elif t in jexport.serialization_registry and not is_namedtuple(t):
+    elif plain_namedtuple(t):
+        reg = jexport.serialization_registry.get(t)
+        name = reg[0] if reg is not None else qualified(t)
+        if reg is None and ("<locals>" in name or
+                            resolve_imported(name) is not t):
+            raise EncodeError(
+                f"namedtuple {name} is not what that name refers to in its "
+                "module (defined inside a function, or shadowed), so no "
+                "reader can find it by name: register it with "
+                "jax.export.register_namedtuple_serialization", path)
+        out.kinds.append(NodeKind.namedtuple)
+        out.node_data.append(("namedtuple", name, list(t._fields)))
+    elif is_namedtuple(t) and (err := custom_namedtuple_error(t, path)):
+        raise err  # a custom node (not a namedtuple node) we cannot write
+    elif t in jexport.serialization_registry:
         name, ser = jexport.serialization_registry[t]
         try:
             blob = ser(aux)
@@ -133,18 +173,8 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
                 f"{type(blob).__name__}, expected bytes", path)
         out.kinds.append(NodeKind.custom)
         out.node_data.append(("custom", name, bytes(blob)))
-    elif is_namedtuple(t):
-        reg = jexport.serialization_registry.get(t)
-        name = reg[0] if reg is not None else qualified(t)
-        if reg is None and ("<locals>" in name or
-                            resolve_imported(name) is not t):
-            raise EncodeError(
-                f"namedtuple {name} is not what that name refers to in its "
-                "module (defined inside a function, or shadowed), so no "
-                "reader can find it by name: register it with "
-                "jax.export.register_namedtuple_serialization", path)
-        out.kinds.append(NodeKind.namedtuple)
-        out.node_data.append(("namedtuple", name, list(t._fields)))
+        if is_namedtuple(t):  # rebuilt from pickle state (_make_custom_node)
+            out.copies += STATE_COST * (td.num_nodes - 1)
     else:
         raise EncodeError(
             f"cannot serialize a PyTreeDef with node type {t!r}: register it "
@@ -337,6 +367,10 @@ class _DecodeState:
         children = []
         for _ in range(n):
             children.append(self.node(depth + 1))
+        make = _make
+        if kind == NodeKind.custom and is_namedtuple(spec[0]):
+            self.copies += STATE_COST * sum(c.num_nodes for c in children)
+            make = _make_custom_node
         if self.copies > self.budget[0]:
             raise PayloadError(
                 "rebuilding the tree copies nodes out of proportion to the "
@@ -347,7 +381,7 @@ class _DecodeState:
         if kind == NodeKind.list:
             return _make(_REGISTRY, (list, None), children)
         try:
-            return _make(_REGISTRY, spec, children)
+            return make(_REGISTRY, spec, children)
         except Exception as e:  # a registered node's constructor refused
             raise PayloadError(f"cannot rebuild node {_type_name(spec[0])}: "
                                f"{e}", dpath) from None
@@ -403,6 +437,10 @@ def _node_spec(kind, t, n, path):
     if kind == NodeKind.namedtuple:
         fields = tuple(t.strings(LD.fields, path, "fields"))
         nt = _lookup_namedtuple(name, path)
+        if is_custom_node(nt):  # rebuilt as such, with no auxdata
+            raise PayloadError(
+                f"namedtuple {name!r} is a custom pytree node here, the "
+                "payload has a plain namedtuple node", f"{path}.name")
         if nt._fields != fields or len(fields) != n:
             raise PayloadError(
                 f"namedtuple {name!r} has fields {nt._fields}, the payload "
@@ -415,6 +453,10 @@ def _node_spec(kind, t, n, path):
             f"pytree node type {name!r} is not registered here (use "
             "jax.export.register_pytree_node_serialization)", f"{path}.name")
     nodetype, deser, _ = reg
+    if is_namedtuple(nodetype) and not is_custom_node(nodetype):
+        raise PayloadError(
+            f"{name!r} is a plain namedtuple here (no pytree registration), "
+            "the payload has a custom node", f"{path}.name")
     blob = t.bytes(LD.auxdata, path, "auxdata") or b""
     try:
         aux = deser(blob)
