@@ -4,7 +4,9 @@ decoded object, a malformed payload called readable, a leaked exception, or
 information lost).  Each now gets a PayloadError/EncodeError naming the
 field, or round-trips exactly."""
 
+import ast
 import collections
+import dataclasses
 import enum
 import json
 import os
@@ -523,6 +525,29 @@ def test_equal_treedefs_with_other_key_types_are_not_confused():
     jaxcolo.serialize({"red": x})
     with pytest.raises(jaxcolo.EncodeError, match="dict keys must all be str"):
         jaxcolo.serialize({Color.RED: x})
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Cfg:
+    x: object
+    scale: object = dataclasses.field(metadata=dict(static=True), default=1)
+
+
+export.register_pytree_node_serialization(
+    _Cfg, serialized_name="tests.test_adversarial._Cfg",
+    serialize_auxdata=lambda aux: repr(aux).encode(),
+    deserialize_auxdata=lambda b: ast.literal_eval(b.decode()))
+
+
+def test_equal_treedef_leaves_with_other_auxdata_are_not_merged():
+    """PyTreeDef leaves that JAX calls equal (auxdata 1 == 1.0 == True)
+    were interned as one entry: all came back with the first's auxdata."""
+    tds = [jax.tree_util.tree_structure(_Cfg(None, s)) for s in (1, 1.0, True)]
+    back = jaxcolo.deserialize(jaxcolo.serialize([tds, {"again": tds[1]}]))
+    assert [str(t) for t in back[0]] == [str(t) for t in tds]
+    assert str(back[1]["again"]) == str(tds[1])
+    assert [type(t.node_data()[1][0]) for t in back[0]] == [int, float, bool]
 
 
 def test_partition_spec_sharding_without_a_mesh_is_an_encode_error():

@@ -489,8 +489,10 @@ def _decode_treedef_entry(reader, t, path):
 
 def _intern_treedef(writer, td, path):
     writer.require("pytree", path)
-    flat = flatten_treedef(td, path)
-    return writer.intern_obj("treedefs", td, lambda _: flat)
+    # Keyed by treedef_key: treedefs equal for JAX may differ in auxdata
+    # (1, 1.0, True), which equality would merge into one entry.
+    return writer.intern_obj("treedefs", td, lambda _: flatten_treedef(
+        td, path), key=treedef_key)
 
 
 register_table("treedefs", _build_treedef_entry, _decode_treedef_entry)
