@@ -550,6 +550,30 @@ def test_equal_treedef_leaves_with_other_auxdata_are_not_merged():
     assert [type(t.node_data()[1][0]) for t in back[0]] == [int, float, bool]
 
 
+def _strings_utf8_cannot_hold():
+    from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "\udc80"))
+    return [
+        ({"ok": None, "\ud800": None}, r"\.structure\.node_data\[0\]"),
+        ([jax.tree_util.tree_structure({"\udfff": 1})],
+         r"\.treedefs\[0\]\.node_data\[0\]"),
+        (AbstractMesh((2,), ("\udfff",)), r"\.abstract_meshes\[0\]"),
+        (PartitionSpec("x", "\ud800"), r"\.partition_specs\[0\]"),
+        ([_leaf(), NamedSharding(mesh, PartitionSpec("x"))],
+         r"\.meshes\[0\]"),
+    ]
+
+
+@pytest.mark.parametrize("obj,path", _strings_utf8_cannot_hold())
+def test_strings_utf8_cannot_hold_are_encode_errors(obj, path):
+    """Lone surrogates (in dict keys, axis names, ...) escaped the writer
+    as a UnicodeEncodeError with no path."""
+    with pytest.raises(jaxcolo.EncodeError, match=r"string '\\ud[89a-f]"
+                       r"[0-9a-f]{2}' cannot be written as UTF-8 \(surrogates "
+                       rf"not allowed, at index 0\) - at \${path}$"):
+        jaxcolo.serialize(obj)
+
+
 def test_partition_spec_sharding_without_a_mesh_is_an_encode_error():
     s = jax.ShapeDtypeStruct((8,), np.float32,
                              sharding=jax.sharding.PartitionSpec("x"))

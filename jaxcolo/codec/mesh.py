@@ -19,8 +19,8 @@ from jaxcolo_fb import AxisType as FbAxisType
 import jaxcolo_fb as fb
 from jaxcolo_fb import LeafKind
 from jaxcolo.codec.core import register_leaf, register_table
-from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.errors import EncodeError, PayloadError, UnknownDeviceError
+from jaxcolo.fastbuilder import string_vector
 from jaxcolo.wire import bounded_product, layout
 
 LM = layout(fb, "Mesh")
@@ -203,7 +203,7 @@ def _mesh_item(mesh, path):
 
 def build_mesh(writer, builder, item) -> int:
     ids, sizes, names, types_ = item
-    names_off = _string_vector(builder, names)
+    names_off = string_vector(builder, names)
     ids_off = builder.CreateNumpyVector(ids)
     sizes_off = builder.CreateNumpyVector(np.asarray(sizes, np.uint32))
     types_off = builder.CreateByteVector(_axis_types(types_, "$.meshes"))
@@ -297,7 +297,7 @@ def _decode_abstract_device(t, path):
 
 
 def build_abstract_mesh(writer, builder, am) -> int:
-    names_off = _string_vector(builder, am.axis_names)
+    names_off = string_vector(builder, am.axis_names)
     sizes_off = builder.CreateNumpyVector(np.asarray(am.axis_sizes, np.uint32))
     types_off = builder.CreateByteVector(
         _axis_types(am.axis_types, "$.abstract_meshes"))

@@ -25,7 +25,7 @@ from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
     is_custom_node, is_namedtuple, plain_namedtuple, qualified, \
     registered_factory, resolve_imported
 from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
-from jaxcolo.fastbuilder import offset_vector
+from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
 
 L = layout(fb, "PyTreeDef")
@@ -221,11 +221,14 @@ def flatten_treedef(td, path: str = "$", key=None) -> FlatTree:
 def build_treedef(builder, flat: FlatTree) -> int:
     shared: dict = {}  # equal node data is stored once and shared
     data_offs = []
-    for d in flat.node_data:
+    for j, d in enumerate(flat.node_data):
         key = _node_data_key(d)
         off = shared.get(key)
         if off is None:
-            off = shared[key] = _build_node_data(builder, d)
+            try:
+                off = shared[key] = _build_node_data(builder, d)
+            except EncodeError as e:  # a string UTF-8 cannot hold
+                raise e.under(f"$.node_data[{j}]") from None
         data_offs.append(off)
     kinds = builder.CreateByteVector(bytes(flat.kinds))
     arities = (builder.CreateNumpyVector(np.asarray(flat.arities, np.uint32))
@@ -246,11 +249,6 @@ def _node_data_key(d):
     return tuple(tuple(x) if isinstance(x, list) else x for x in d)
 
 
-def _string_vector(builder, strings) -> int:
-    return offset_vector(builder,
-                         [builder.CreateSharedString(s) for s in strings])
-
-
 def _build_node_data(builder, d) -> int:
     tag = d[0]
     str_keys = int_keys = name = fields = aux = 0
@@ -258,14 +256,14 @@ def _build_node_data(builder, d) -> int:
     if tag in ("keys", "defaultdict"):
         key_kind, keys = d[1], d[2]
         if key_kind == KeyKind.str:
-            str_keys = _string_vector(builder, keys)
+            str_keys = string_vector(builder, keys)
         elif key_kind == KeyKind.int:
             int_keys = builder.CreateNumpyVector(np.asarray(keys, np.int64))
         if tag == "defaultdict":
             name = builder.CreateSharedString(d[3])
     elif tag == "namedtuple":
         name = builder.CreateSharedString(d[1])
-        fields = _string_vector(builder, d[2])
+        fields = string_vector(builder, d[2])
     else:  # custom
         name = builder.CreateSharedString(d[1])
         aux = builder.CreateByteVector(d[2])
