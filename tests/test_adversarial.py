@@ -225,6 +225,24 @@ def test_costly_symbolic_text_within_limits_round_trips():
     assert jaxcolo.deserialize(jaxcolo.serialize(y)) == y
 
 
+def test_symbolic_dims_that_read_back_unequal_are_encode_errors():
+    """Equality constraints rewrite what is parsed: max(a, c) printed as
+    max(2*b, c) and read back as max(2*mod(c, 3) + 2, c), not equal to it,
+    silently.  Dims that read back in another form but equal (a itself)
+    still round-trip."""
+    a, b, c = export.symbolic_shape(
+        "a, b, c", constraints=["a == 2*b", "b == mod(c, 3) + 1"])
+    bad = jax.ShapeDtypeStruct((core.max_dim(a, c), 4), np.float32)
+    with pytest.raises(jaxcolo.EncodeError, match=r"symbolic dim 'max\(2\*b, "
+                       r"c\)' reads back as 'max\(2\*mod\(c, 3\) \+ 2, c\)'"
+                       r".* not equal to it - at \$\['x'\]\[1\]$"):
+        jaxcolo.serialize({"x": [_leaf(), bad]})
+    ok = [jax.ShapeDtypeStruct(s, np.float32) for s in
+          ((a, 4), (a + 1, b), (core.max_dim(b, c), a * c))]
+    assert str(ok[0].shape[0]) == "2*b"  # reads back as 2*mod(c, 3) + 2
+    assert jaxcolo.deserialize(jaxcolo.serialize(ok)) == ok
+
+
 # Six chained constraints: JAX's elimination takes over 10**7 steps (~2 s)
 # to work out max(v0, v7), and each one more multiplies that.
 _CHAINED = tuple(f"v{i} >= v{i + 1} + v{i + 2}" for i in range(6))

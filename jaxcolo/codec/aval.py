@@ -109,7 +109,7 @@ def _shape_item(writer, shape, path):
                 units = check_writable_text(text, path)
                 trial = writer.memo.get(("trial scope", id(d.scope)))
                 if trial is not None:
-                    units += trial_parse_units(text, trial, path)
+                    units += trial_parse_units(text, trial, path, d)
                 writer.parsed[(text, ref)] = units
             if scope_ref and ref != scope_ref:
                 raise EncodeError("symbolic dims from different scopes in one "
