@@ -728,8 +728,8 @@ def test_zero_axis_and_empty_meshes():
 
 
 def test_a_mesh_without_axes_needs_reader_6():
-    """Readers frozen at version 5 or before refused a mesh with no axes;
-    it was written as readable by version 1."""
+    """Readers frozen at versions 1..4 (and early version-5 readers)
+    refused a mesh with no axes; it was written as readable by version 1."""
     from jax.sharding import Mesh
 
     m0 = Mesh(np.array(jax.devices()[0], dtype=object).reshape(()), ())
@@ -742,6 +742,29 @@ def test_a_mesh_without_axes_needs_reader_6():
         jaxcolo.serialize({"m": m0}, version=5)
     # Earlier writers stamped it readable by 1: still read.
     assert jaxcolo.deserialize(bytes(_reseal(data, min_reader=1))) == {"m": m0}
+
+
+def test_check_finds_a_mesh_without_axes_under_a_legacy_header():
+    """Writers 1..5 stamped a mesh with no axes readable by 1; readers of
+    1..4 refuse it ('mesh axis sizes () must be >= 1'), yet check trusted
+    the header and called it readable by them."""
+    from jax.sharding import Mesh
+
+    m0 = Mesh(np.array(jax.devices()[0], dtype=object).reshape(()), ())
+    legacy = bytearray(jaxcolo.serialize([_leaf(), {"m": m0}], version=6))
+    struct.pack_into("<HH", legacy, 4, 1, 1)  # as writer 1 wrote it
+    legacy = bytes(legacy)
+    assert jaxcolo.deserialize(legacy) == [_leaf(), {"m": m0}]  # memoized
+    for n in range(1, 6):
+        ok, why = check_readable(legacy, n)
+        assert not ok and why == (
+            f"not readable by version {n}: the content uses "
+            "mesh_without_axes, which needs reader version >= 6 (the "
+            "header's min_reader_version 1 is what writers before 6 stamped)")
+    for n in (6, 7):
+        assert check_readable(legacy, n)[0]
+    plain = jaxcolo.serialize({"m": Mesh(np.array(jax.devices()), ("x",))})
+    assert check_readable(plain, 1)[0]
 
 
 def test_forged_headers_hiding_scope_identity_or_resume_are_refused():

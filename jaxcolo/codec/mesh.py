@@ -18,6 +18,7 @@ from jax._src.lib import xla_client as xc
 from jaxcolo_fb import AxisType as FbAxisType
 import jaxcolo_fb as fb
 from jaxcolo_fb import LeafKind
+from jaxcolo import versions
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.errors import EncodeError, PayloadError, UnknownDeviceError
 from jaxcolo.fastbuilder import string_vector
@@ -229,6 +230,8 @@ _CACHE_MAX = 512
 def decode_mesh(reader, t, path):
     ids = t.ints(LM.device_ids, "u32", path, "device_ids")
     sizes = t.ints(LM.axis_sizes, "u32", path, "axis_sizes")
+    if not sizes:  # read under any header: earlier writers stamped it 1
+        versions.note_used("mesh_without_axes")
     names = _read_axis_names(t, LM.axis_names, path)
     types_ = _read_axis_types(t, LM.axis_types, len(names), path)
     resolver = reader.resolver
@@ -266,7 +269,8 @@ def decode_mesh(reader, t, path):
 def intern_mesh(writer, mesh, path) -> int:
     writer.require("mesh", path)
     if not mesh.axis_names:
-        # Not checked on read: earlier writers stamped it readable by 1.
+        # Read under any header (versions.LENIENT): earlier writers
+        # stamped it readable by 1.
         writer.require("mesh_without_axes", path)
     return writer.intern_obj("meshes", mesh,
                              lambda m: _mesh_item(m, path))
