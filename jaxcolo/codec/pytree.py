@@ -4,8 +4,9 @@ Built-in nodes (None, tuple, list, dict, namedtuple, OrderedDict, defaultdict)
 are encoded natively.  Other node types go through one registry: the one users
 already fill with ``jax.export.register_pytree_node_serialization`` /
 ``register_namedtuple_serialization``.  A namedtuple class registered as a
-custom pytree node is a custom node (JAX flattens it with its own flatten).  Decoding never imports a module: an
-unregistered namedtuple is resolved only among modules already imported.
+custom pytree node is a custom node (JAX flattens it with its own flatten).
+Decoding never imports a module: an unregistered namedtuple is resolved only
+among modules already imported.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def copy_budget(size: int) -> int:
     """Node copies a reader allows rebuilding the trees of a body of
     ``size`` bytes."""
     return COPY_RATIO * size + COPY_FLOOR
+
 
 # jaxlib's from_node_data_and_children makes any node of a namedtuple type a
 # namedtuple node, even when the type is registered as a custom node: those
