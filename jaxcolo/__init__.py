@@ -15,7 +15,7 @@ _LAZY = {
     "deserialize": ("jaxcolo.payload", "deserialize"),
     "inspect": ("jaxcolo.inspection", "inspect"),
     "register_effect": ("jaxcolo.codec.effects", "register_effect"),
-    "register_default_factory": ("jaxcolo.codec.pytree",
+    "register_default_factory": ("jaxcolo.codec.names",
                                  "register_default_factory"),
     "colocated_python": ("jaxcolo.colocated.function", "colocated_python"),
     "colocated_python_class": ("jaxcolo.colocated.objects",

@@ -32,18 +32,30 @@ def check_readable(data, reader_version: int) -> tuple[bool, str]:
     except PayloadError as e:
         return False, f"malformed payload: {e}"
     note = ""
-    try:
-        from jaxcolo.payload import deserialize
-        deserialize(data)
-    except UnavailableHereError as e:
-        note = (f"; content checked up to what this process lacks "
-                f"(fine where it exists): {e}")
-    except VersionError as e:
-        return False, (f"cannot check the content: this jaxcolo reads "
-                       f"versions {versions.MIN_READABLE_VERSION}.."
-                       f"{versions.SCHEMA_VERSION} ({e})")
-    except PayloadError as e:
-        return False, f"malformed payload: {e}"
+    with versions.noting_used() as used:
+        try:
+            from jaxcolo.payload import deserialize
+            deserialize(data)
+        except UnavailableHereError as e:
+            note = (f"; content checked up to what this process lacks "
+                    f"(fine where it exists): {e}")
+        except VersionError as e:
+            return False, (f"cannot check the content: this jaxcolo reads "
+                           f"versions {versions.MIN_READABLE_VERSION}.."
+                           f"{versions.SCHEMA_VERSION} ({e})")
+        except PayloadError as e:
+            return False, f"malformed payload: {e}"
+    # Features readers read whatever the header says (earlier writers
+    # stamped them readable by older readers, which refuse them).
+    for feature in sorted(used, key=versions.FEATURE_SINCE.get):
+        since = versions.FEATURE_SINCE[feature]
+        if since > reader_version:
+            return False, (
+                f"not readable by version {reader_version}: the content "
+                f"uses {feature}, which needs reader version >= {since} "
+                f"(the header's min_reader_version "
+                f"{header.min_reader_version} is what writers before "
+                f"{since} stamped)")
     return True, (f"readable by version {reader_version} (payload version "
                   f"{header.writer_version}, needs reader >= "
                   f"{header.min_reader_version}){note}")

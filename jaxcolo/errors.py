@@ -76,6 +76,11 @@ class EncodeError(ValueError):
     def __reduce__(self):
         return type(self), (self.reason, self.path), self.__dict__
 
+    def under(self, prefix: str) -> EncodeError:
+        """This error with its path ("$...", relative to the part being
+        built) re-rooted at ``prefix``."""
+        return EncodeError(self.reason, prefix + self.path[1:])
+
 
 class ExecutorError(RuntimeError):
     """Executor-side failure: worker lost, timeout, executor closed."""

@@ -15,6 +15,8 @@ import struct
 
 import numpy as np
 
+from jaxcolo.errors import EncodeError
+
 _BE = {name: struct.Struct(">" + code).pack for name, code in (
     ("Bool", "?"), ("Uint8", "B"), ("Int8", "b"), ("Uint16", "H"),
     ("Int16", "h"), ("Uint32", "I"), ("Int32", "i"), ("Uint64", "Q"),
@@ -126,7 +128,15 @@ class FastBuilder:
         return len(self.buf)
 
     def CreateString(self, s) -> int:
-        b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+        """The string ``s``; EncodeError (at "$": callers that know where
+        it goes re-root it) if a str is not text UTF-8 can hold (lone
+        surrogates), the one way every writer learns of those."""
+        try:
+            b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+        except UnicodeEncodeError as e:
+            raise EncodeError(
+                f"string {s!r:.80} cannot be written as UTF-8 ({e.reason}, "
+                f"at index {e.start})") from None
         self.Prep(4, len(b) + 1)
         self.buf.append(0)
         self.buf.extend(b[::-1])
@@ -175,6 +185,12 @@ def offset_vector(builder, offs) -> int:
     for off in reversed(offs):
         builder.PrependUOffsetTRelative(off)
     return builder.EndVector()
+
+
+def string_vector(builder, strings) -> int:
+    """The vector of ``strings``, each stored once per buffer."""
+    return offset_vector(builder,
+                         [builder.CreateSharedString(s) for s in strings])
 
 
 def _make_prepend(name):

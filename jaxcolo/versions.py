@@ -9,6 +9,8 @@ reader can still read a new payload that uses only old features.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 
 from jaxcolo.errors import EncodeError
@@ -58,8 +60,11 @@ HISTORY: tuple[VersionInfo, ...] = (
         # SymbolicScope.token.  Needed (min reader 6) only by payloads with
         # two distinct scopes of equal constraints, which older readers merge.
         "symbolic_scope_identity",
-        # No schema change: a one-device Mesh with no axes.  Readers of
-        # version 6 read it; readers frozen at 5 or before refused it.
+        # No schema change: a one-device Mesh with no axes.  Readers frozen
+        # at 1..4 refuse it, and so did version-5 readers until a fix late
+        # in version 5 (the frozen 5 reads it); writers before 6 stamped it
+        # readable by 1, so readers read it whatever the header says
+        # (LENIENT), and `jaxcolo check` finds it in the body.
         "mesh_without_axes",
     )),
     VersionInfo(7, 1, (
@@ -72,6 +77,38 @@ HISTORY: tuple[VersionInfo, ...] = (
 
 FEATURE_SINCE: dict[str, int] = {
     feature: info.version for info in HISTORY for feature in info.added}
+
+# Features read even under a header declaring an older reader (earlier
+# writers stamped them so); readers note where they meet one (note_used).
+LENIENT = frozenset({"mesh_without_axes"})
+
+_USED: contextvars.ContextVar = contextvars.ContextVar("jaxcolo_used",
+                                                       default=None)
+
+
+@contextlib.contextmanager
+def noting_used():
+    """Collect (into the set yielded) the LENIENT features that bodies
+    decoded inside the block use; decode memos are bypassed meanwhile."""
+    used: set = set()
+    token = _USED.set(used)
+    try:
+        yield used
+    finally:
+        _USED.reset(token)
+
+
+def noting() -> bool:
+    return _USED.get() is not None
+
+
+def note_used(feature: str) -> None:
+    """A reader met LENIENT ``feature`` in a body."""
+    if feature not in LENIENT:
+        raise KeyError(f"{feature} is not a LENIENT feature")
+    used = _USED.get()
+    if used is not None:
+        used.add(feature)
 
 _BY_VERSION = {info.version: info for info in HISTORY}
 

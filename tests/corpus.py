@@ -66,6 +66,30 @@ export.register_pytree_node_serialization(
     deserialize_auxdata=lambda b: b.decode())
 
 
+class Tagged(NamedTuple):
+    """A namedtuple registered as a custom node: one child, tag as auxdata."""
+    x: object
+    tag: str
+
+
+class Swapped(NamedTuple):
+    """A custom node of as many children as fields, in reverse order."""
+    x: object
+    y: object
+
+
+jax.tree_util.register_pytree_node(
+    Tagged, lambda t: ((t.x,), t.tag), lambda tag, ch: Tagged(ch[0], tag))
+jax.tree_util.register_pytree_node(
+    Swapped, lambda t: ((t.y, t.x), "swapped"),
+    lambda aux, ch: Swapped(ch[1], ch[0]) if aux == "swapped" else
+    Swapped(*ch))
+for _t in (Tagged, Swapped):
+    jax.export.register_pytree_node_serialization(
+        _t, serialized_name=f"tests.corpus.{_t.__name__}",
+        serialize_auxdata=str.encode, deserialize_auxdata=bytes.decode)
+
+
 def meshes():
     devs = np.array(jax.devices())
     out = [Mesh(devs, ("x",)),

@@ -4,7 +4,9 @@ decoded object, a malformed payload called readable, a leaked exception, or
 information lost).  Each now gets a PayloadError/EncodeError naming the
 field, or round-trips exactly."""
 
+import ast
 import collections
+import dataclasses
 import enum
 import json
 import os
@@ -27,7 +29,7 @@ import jaxcolo
 import jaxcolo.export as je
 from jaxcolo import envelope
 from jaxcolo.checking import check_readable
-from jaxcolo.codec import aval, memo, mesh as mesh_codec, pytree, symbolic
+from jaxcolo.codec import aval, memo, mesh as mesh_codec, names, symbolic
 from jaxcolo.colocated.program import decode_program, encode_program
 from jaxcolo.export.layouts import EXPORTED as LE, TREE as LT
 from jaxcolo.process import messages as M
@@ -223,6 +225,24 @@ def test_costly_symbolic_text_within_limits_round_trips():
     assert jaxcolo.deserialize(jaxcolo.serialize(y)) == y
 
 
+def test_symbolic_dims_that_read_back_unequal_are_encode_errors():
+    """Equality constraints rewrite what is parsed: max(a, c) printed as
+    max(2*b, c) and read back as max(2*mod(c, 3) + 2, c), not equal to it,
+    silently.  Dims that read back in another form but equal (a itself)
+    still round-trip."""
+    a, b, c = export.symbolic_shape(
+        "a, b, c", constraints=["a == 2*b", "b == mod(c, 3) + 1"])
+    bad = jax.ShapeDtypeStruct((core.max_dim(a, c), 4), np.float32)
+    with pytest.raises(jaxcolo.EncodeError, match=r"symbolic dim 'max\(2\*b, "
+                       r"c\)' reads back as 'max\(2\*mod\(c, 3\) \+ 2, c\)'"
+                       r".* not equal to it - at \$\['x'\]\[1\]$"):
+        jaxcolo.serialize({"x": [_leaf(), bad]})
+    ok = [jax.ShapeDtypeStruct(s, np.float32) for s in
+          ((a, 4), (a + 1, b), (core.max_dim(b, c), a * c))]
+    assert str(ok[0].shape[0]) == "2*b"  # reads back as 2*mod(c, 3) + 2
+    assert jaxcolo.deserialize(jaxcolo.serialize(ok)) == ok
+
+
 # Six chained constraints: JAX's elimination takes over 10**7 steps (~2 s)
 # to work out max(v0, v7), and each one more multiplies that.
 _CHAINED = tuple(f"v{i} >= v{i + 1} + v{i + 2}" for i in range(6))
@@ -350,7 +370,7 @@ def test_defaultdict_factories_must_be_registered(monkeypatch):
     # A payload naming a callable the reader has not registered (os.abort,
     # say: the decoded dict would call it on a missing key) is refused.
     name = f"{__name__}:module_level_factory"
-    monkeypatch.setitem(pytree._DEFAULT_FACTORIES, name, module_level_factory)
+    monkeypatch.setitem(names.DEFAULT_FACTORIES, name, module_level_factory)
     data = jaxcolo.serialize(collections.defaultdict(module_level_factory,
                                                      {"k": _leaf()}))
     monkeypatch.undo()
@@ -358,8 +378,8 @@ def test_defaultdict_factories_must_be_registered(monkeypatch):
                        r":module_level_factory' is not registered here.*at "
                        r"\$\.structure\.node_data\[0\]\.name"):
         jaxcolo.deserialize(data)
-    monkeypatch.setattr(pytree, "_DEFAULT_FACTORIES",
-                        dict(pytree._DEFAULT_FACTORIES))
+    monkeypatch.setattr(names, "DEFAULT_FACTORIES",
+                        dict(names.DEFAULT_FACTORIES))
     jaxcolo.register_default_factory(module_level_factory)
     back = jaxcolo.deserialize(data)
     assert back.default_factory is module_level_factory and \
@@ -525,6 +545,53 @@ def test_equal_treedefs_with_other_key_types_are_not_confused():
         jaxcolo.serialize({Color.RED: x})
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Cfg:
+    x: object
+    scale: object = dataclasses.field(metadata=dict(static=True), default=1)
+
+
+export.register_pytree_node_serialization(
+    _Cfg, serialized_name="tests.test_adversarial._Cfg",
+    serialize_auxdata=lambda aux: repr(aux).encode(),
+    deserialize_auxdata=lambda b: ast.literal_eval(b.decode()))
+
+
+def test_equal_treedef_leaves_with_other_auxdata_are_not_merged():
+    """PyTreeDef leaves that JAX calls equal (auxdata 1 == 1.0 == True)
+    were interned as one entry: all came back with the first's auxdata."""
+    tds = [jax.tree_util.tree_structure(_Cfg(None, s)) for s in (1, 1.0, True)]
+    back = jaxcolo.deserialize(jaxcolo.serialize([tds, {"again": tds[1]}]))
+    assert [str(t) for t in back[0]] == [str(t) for t in tds]
+    assert str(back[1]["again"]) == str(tds[1])
+    assert [type(t.node_data()[1][0]) for t in back[0]] == [int, float, bool]
+
+
+def _strings_utf8_cannot_hold():
+    from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "\udc80"))
+    return [
+        ({"ok": None, "\ud800": None}, r"\.structure\.node_data\[0\]"),
+        ([jax.tree_util.tree_structure({"\udfff": 1})],
+         r"\.treedefs\[0\]\.node_data\[0\]"),
+        (AbstractMesh((2,), ("\udfff",)), r"\.abstract_meshes\[0\]"),
+        (PartitionSpec("x", "\ud800"), r"\.partition_specs\[0\]"),
+        ([_leaf(), NamedSharding(mesh, PartitionSpec("x"))],
+         r"\.meshes\[0\]"),
+    ]
+
+
+@pytest.mark.parametrize("obj,path", _strings_utf8_cannot_hold())
+def test_strings_utf8_cannot_hold_are_encode_errors(obj, path):
+    """Lone surrogates (in dict keys, axis names, ...) escaped the writer
+    as a UnicodeEncodeError with no path."""
+    with pytest.raises(jaxcolo.EncodeError, match=r"string '\\ud[89a-f]"
+                       r"[0-9a-f]{2}' cannot be written as UTF-8 \(surrogates "
+                       rf"not allowed, at index 0\) - at \${path}$"):
+        jaxcolo.serialize(obj)
+
+
 def test_partition_spec_sharding_without_a_mesh_is_an_encode_error():
     s = jax.ShapeDtypeStruct((8,), np.float32,
                              sharding=jax.sharding.PartitionSpec("x"))
@@ -661,8 +728,8 @@ def test_zero_axis_and_empty_meshes():
 
 
 def test_a_mesh_without_axes_needs_reader_6():
-    """Readers frozen at version 5 or before refused a mesh with no axes;
-    it was written as readable by version 1."""
+    """Readers frozen at versions 1..4 (and early version-5 readers)
+    refused a mesh with no axes; it was written as readable by version 1."""
     from jax.sharding import Mesh
 
     m0 = Mesh(np.array(jax.devices()[0], dtype=object).reshape(()), ())
@@ -675,6 +742,29 @@ def test_a_mesh_without_axes_needs_reader_6():
         jaxcolo.serialize({"m": m0}, version=5)
     # Earlier writers stamped it readable by 1: still read.
     assert jaxcolo.deserialize(bytes(_reseal(data, min_reader=1))) == {"m": m0}
+
+
+def test_check_finds_a_mesh_without_axes_under_a_legacy_header():
+    """Writers 1..5 stamped a mesh with no axes readable by 1; readers of
+    1..4 refuse it ('mesh axis sizes () must be >= 1'), yet check trusted
+    the header and called it readable by them."""
+    from jax.sharding import Mesh
+
+    m0 = Mesh(np.array(jax.devices()[0], dtype=object).reshape(()), ())
+    legacy = bytearray(jaxcolo.serialize([_leaf(), {"m": m0}], version=6))
+    struct.pack_into("<HH", legacy, 4, 1, 1)  # as writer 1 wrote it
+    legacy = bytes(legacy)
+    assert jaxcolo.deserialize(legacy) == [_leaf(), {"m": m0}]  # memoized
+    for n in range(1, 6):
+        ok, why = check_readable(legacy, n)
+        assert not ok and why == (
+            f"not readable by version {n}: the content uses "
+            "mesh_without_axes, which needs reader version >= 6 (the "
+            "header's min_reader_version 1 is what writers before 6 stamped)")
+    for n in (6, 7):
+        assert check_readable(legacy, n)[0]
+    plain = jaxcolo.serialize({"m": Mesh(np.array(jax.devices()), ("x",))})
+    assert check_readable(plain, 1)[0]
 
 
 def test_forged_headers_hiding_scope_identity_or_resume_are_refused():
@@ -800,3 +890,79 @@ def test_many_nodes_sharing_their_node_data_decode():
     data = jaxcolo.serialize([td, tree])
     back_td, back = jaxcolo.deserialize(data)
     assert back_td == td and len(back) == 2000 and back[-1].cfg == cfg
+
+
+class _Unserialized(typing.NamedTuple):
+    x: object
+    y: object
+
+
+class _FieldsOnly(typing.NamedTuple):
+    x: object
+    y: object
+
+
+class _BecomesCustom(typing.NamedTuple):
+    x: object
+    y: object
+
+
+class _CustomNT(typing.NamedTuple):
+    x: object
+    y: object
+
+
+class _PlainNT_(typing.NamedTuple):  # name as long as _CustomNT's
+    x: object
+    y: object
+
+
+for _t in (_Unserialized, _FieldsOnly, _CustomNT):
+    jax.tree_util.register_pytree_node(
+        _t, lambda t: ((t.y, t.x), "swapped"),
+        lambda aux, ch, t=_t: t(ch[1], ch[0]))
+export.register_namedtuple_serialization(
+    _FieldsOnly, serialized_name="tests.test_adversarial._FieldsOnly")
+export.register_pytree_node_serialization(
+    _CustomNT, serialized_name="tests.test_adversarial._CustomNT",
+    serialize_auxdata=str.encode, deserialize_auxdata=bytes.decode)
+export.register_namedtuple_serialization(
+    _PlainNT_, serialized_name="tests.test_adversarial._PlainNT_")
+
+
+def test_namedtuples_registered_as_custom_nodes_are_not_namedtuple_nodes():
+    """A namedtuple class registered as a custom pytree node was written as
+    a plain namedtuple (the auxdata dropped, the children swapped back):
+    now it is a custom node, which needs its serialization registered;
+    register_namedtuple_serialization (which drops the auxdata) is refused."""
+    x, y = _leaf(), jax.ShapeDtypeStruct((3,), np.int8)
+    with pytest.raises(jaxcolo.EncodeError, match=r"_Unserialized is "
+                       r"registered as a custom pytree node.*register_pytree"
+                       r"_node_serialization.* - at \$$"):
+        jaxcolo.serialize({"k": [_Unserialized(x, y)]})
+    with pytest.raises(jaxcolo.EncodeError, match=r"_FieldsOnly is registered"
+                       r" as a custom pytree node.*from_children"):
+        jaxcolo.serialize(jax.tree_util.tree_structure(_FieldsOnly(x, y)))
+    assert jaxcolo.deserialize(jaxcolo.serialize(_CustomNT(x, y))) == \
+        _CustomNT(x, y)
+
+
+def test_readers_refuse_namedtuples_of_another_kind_here():
+    """A namedtuple node of a type that is a custom node here would be
+    rebuilt with no auxdata; a custom node of a type that is a plain
+    namedtuple here would be rebuilt as a namedtuple node."""
+    x, y = _leaf(), jax.ShapeDtypeStruct((3,), np.int8)
+    data = jaxcolo.serialize([_BecomesCustom(x, y)])
+    jax.tree_util.register_pytree_node(
+        _BecomesCustom, lambda t: ((t.y, t.x), None),
+        lambda _, ch: _BecomesCustom(ch[1], ch[0]))
+    with pytest.raises(jaxcolo.PayloadError, match=r"_BecomesCustom' is a "
+                       r"custom pytree node here.* at \$\.structure\.node_data"
+                       r"\[0\]\.name"):
+        jaxcolo.deserialize(data)
+    plain = jaxcolo.serialize(_CustomNT(x, y), compress=False)
+    body = plain[16:].replace(b"._CustomNT", b"._PlainNT_")
+    assert body != plain[16:]
+    with pytest.raises(jaxcolo.PayloadError, match=r"_PlainNT_' is a plain "
+                       r"namedtuple here.* at \$\.structure\.node_data\[0\]"):
+        jaxcolo.deserialize(_reseal(plain, body=body))

@@ -361,3 +361,28 @@ def test_an_exhausted_inflation_budget_inflates_nothing_more():
             envelope.open_body(sealed, header)
     with envelope.inflation_scope(envelope.Inflation(100_000)):
         assert envelope.open_body(sealed, header) == bytes(100_000)
+
+
+def test_custom_namedtuple_nodes_are_charged_their_rebuild_by_both_sides(
+        monkeypatch):
+    """A custom node of a namedtuple type is rebuilt from PyTreeDef pickle
+    state (STATE_COST copies per node below it): the reader charges that,
+    and the writer refuses what the reader would."""
+    from jaxcolo.codec import memo, pytree
+    Tagged = corpus.Tagged
+    obj = [None] * 20_000
+    for i in range(10):
+        obj = Tagged(obj, str(i))
+    with pytest.raises(jaxcolo.EncodeError, match="node copies"):
+        jaxcolo.serialize(obj)
+    monkeypatch.setattr(pytree, "STATE_COST", 0)  # a writer not counting it
+    monkeypatch.setattr(pytree, "_FLAT_CACHE", {})
+    data = jaxcolo.serialize(obj)
+    assert jaxcolo.deserialize(data) == obj
+    monkeypatch.undo()
+    memo.clear()
+    with pytest.raises(jaxcolo.PayloadError, match="copies nodes out of "
+                       "proportion"):
+        jaxcolo.deserialize(data)
+    inner = Tagged([None] * 2000, "small")
+    assert jaxcolo.deserialize(jaxcolo.serialize(inner)) == inner

@@ -62,6 +62,22 @@ def test_unexpressible_layout_is_refused_with_path():
         jaxcolo.serialize({"x": bad})
 
 
+@pytest.mark.parametrize("tiling,path,reason", [
+    (((1,),) * 17, r"\.layout\.tiling", r"17 tiles \(at most 16\)"),
+    (((1,) * 17,), r"\.layout\.tiling\[0\]",
+     r"tile of rank 17 \(at most 16\)"),
+])
+def test_tilings_readers_refuse_are_encode_errors(tiling, path, reason):
+    """The writer wrote tilings its own reader refuses (over MAX_TILES tiles,
+    or a tile over MAX_TILE_RANK dims)."""
+    with pytest.raises(jaxcolo.EncodeError, match=rf"{reason} - at "
+                       rf"\$\['x'\]{path}$"):
+        jaxcolo.serialize({"x": _sds(Layout((1, 0), tiling=tiling))})
+    ok = ((1,),) * 16 if len(tiling) > 1 else ((1,) * 16,)
+    sds = _sds(Layout((1, 0), tiling=ok))
+    assert jaxcolo.deserialize(jaxcolo.serialize(sds)).format == sds.format
+
+
 def _forced_layout(item):
     """A stand-in for aval.layout_item writing ``item`` for any layout (and
     declaring the layout feature, as the real one does)."""

@@ -333,3 +333,20 @@ def test_uniform_leaves_path_matches_general_loop(monkeypatch):
     bad[7] = jax.ShapeDtypeStruct((2,), np.dtype(object))
     with pytest.raises(jaxcolo.EncodeError, match=r"dtype.*at \$\[7\]\.dtype"):
         jaxcolo.serialize(bad)
+
+
+def test_namedtuples_registered_as_custom_nodes_round_trip():
+    """They were written as plain namedtuples (all fields, no auxdata):
+    refused by our reader, or read back with the children swapped."""
+    a = jax.ShapeDtypeStruct((1,), np.float32)
+    b = jax.ShapeDtypeStruct((2,), np.int8)
+    Tagged, Swapped = corpus.Tagged, corpus.Swapped
+    for obj in (Tagged(a, "hello"), Swapped(a, b),
+                {"t": Tagged(Swapped(a, [b, None]), "outer")},
+                [Swapped(Tagged(a, "in"), (b, Tagged(None, "n"))), a]):
+        back = roundtrip(obj)
+        assert back == obj
+        td = jax.tree_util.tree_structure(obj)
+        assert jax.tree_util.tree_structure(back) == td
+        back_td = roundtrip(td)
+        assert back_td == td and str(back_td) == str(td)

@@ -27,13 +27,12 @@ from jaxcolo_fb import ArrayFlags, LeafKind
 from jaxcolo.codec.core import register_columns, register_leaf
 from jaxcolo.codec.dtypes import intern_dtype
 from jaxcolo.codec.layout import build_layout, decode_layout, layout_item
-from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.codec.sharding import intern_sharding
 from jaxcolo.codec.scopes import scope_entry
 from jaxcolo.codec.symbolic import check_writable_text, parse_shape, \
     trial_parse_units
 from jaxcolo.errors import EncodeError, PayloadError
-from jaxcolo.fastbuilder import offset_vector
+from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
 
 LA = layout(fb, "ArraySpecs")
@@ -66,7 +65,7 @@ def _mat_item(mat, keep_empty: bool = False):
 def _build_mat(builder, item) -> int:
     if item is None:
         return 0
-    offs = [_string_vector(builder, v) if v else 0 for v in item]
+    offs = [string_vector(builder, v) if v else 0 for v in item]
     fb.ManualAxisTypeStart(builder)
     for add, off in zip((fb.ManualAxisTypeAddVarying,
                          fb.ManualAxisTypeAddUnreduced,
@@ -110,7 +109,7 @@ def _shape_item(writer, shape, path):
                 units = check_writable_text(text, path)
                 trial = writer.memo.get(("trial scope", id(d.scope)))
                 if trial is not None:
-                    units += trial_parse_units(text, trial, path)
+                    units += trial_parse_units(text, trial, path, d)
                 writer.parsed[(text, ref)] = units
             if scope_ref and ref != scope_ref:
                 raise EncodeError("symbolic dims from different scopes in one "
@@ -197,7 +196,7 @@ def build_arrays(writer, builder, items) -> int:
             extras.append((i, sym, scope_ref, mat, lay))
     extra_offs = []
     for i, sym, scope_ref, mat, lay in extras:
-        sym_off = _string_vector(builder, sym) if sym else 0
+        sym_off = string_vector(builder, sym) if sym else 0
         mat_off = _build_mat(builder, mat)
         layout_off = build_layout(builder, lay) if lay is not None else 0
         fb.ArraySpecExtraStart(builder)

@@ -133,23 +133,27 @@ class Writer:
             u.items.append(make() if make is not None else item)
         return i
 
-    def intern_obj(self, table: str, obj: Any, make_item: Callable) -> int:
-        """Like intern, keyed by identity first and equality second."""
+    def intern_obj(self, table: str, obj: Any, make_item: Callable,
+                   key: Callable | None = None) -> int:
+        """Like intern, keyed by identity first and equality second: of
+        ``key(obj)`` if given (for objects that compare equal yet encode
+        differently), else of ``obj``."""
         u = self.uniques.get(table)
         if u is None:
             u = self.uniques[table] = Unique()
         hit = u.by_id.get(id(obj))
         if hit is not None and hit[0] is obj:
             return hit[1]
+        k = obj if key is None else key(obj)
         try:
-            i = u.index.get(obj)
+            i = u.index.get(k)
         except TypeError:  # unhashable: identity only
             i = None
         if i is None:
             i = len(u.items)
             u.items.append(make_item(obj))
             try:
-                u.index[obj] = i
+                u.index[k] = i
             except TypeError:
                 pass
         u.by_id[id(obj)] = (obj, i)

@@ -49,6 +49,13 @@ def layout_item(writer, dll, rank: int, path: str):
                           f"the {rank} dims", path)
     tiling = None
     if dll.tiling is not None:
+        if len(dll.tiling) > MAX_TILES:  # what decode_layout refuses
+            raise EncodeError(f"{len(dll.tiling)} tiles (at most "
+                              f"{MAX_TILES})", f"{path}.tiling")
+        for k, tile in enumerate(dll.tiling):
+            if len(tile) > MAX_TILE_RANK:
+                raise EncodeError(f"tile of rank {len(tile)} (at most "
+                                  f"{MAX_TILE_RANK})", f"{path}.tiling[{k}]")
         tiling = tuple(tuple(_int(d, _I64, "tile size", path) for d in tile)
                        for tile in dll.tiling)
     sub_byte = _int(dll.sub_byte_element_size_in_bits, _I32,

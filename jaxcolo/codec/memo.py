@@ -28,6 +28,8 @@ import threading
 
 from jax._src import mesh as jmesh
 
+from jaxcolo import versions
+
 MAX_ENTRIES = 512
 MAX_PAYLOAD = 64 * 1024  # larger payloads are not memoized
 
@@ -80,8 +82,9 @@ def clear() -> None:
 
 
 def lookup_decoded(data):
-    """The memoized (treedef, leaves) of payload ``data``, or None."""
-    if not _enabled or len(data) > MAX_PAYLOAD:
+    """The memoized (treedef, leaves) of payload ``data``, or None (also
+    while versions.noting_used: the body must be read to be noted)."""
+    if not _enabled or len(data) > MAX_PAYLOAD or versions.noting():
         return None
     return DECODED.get(bytes(data))
 

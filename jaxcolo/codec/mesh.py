@@ -18,9 +18,10 @@ from jax._src.lib import xla_client as xc
 from jaxcolo_fb import AxisType as FbAxisType
 import jaxcolo_fb as fb
 from jaxcolo_fb import LeafKind
+from jaxcolo import versions
 from jaxcolo.codec.core import register_leaf, register_table
-from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.errors import EncodeError, PayloadError, UnknownDeviceError
+from jaxcolo.fastbuilder import string_vector
 from jaxcolo.wire import bounded_product, layout
 
 LM = layout(fb, "Mesh")
@@ -203,7 +204,7 @@ def _mesh_item(mesh, path):
 
 def build_mesh(writer, builder, item) -> int:
     ids, sizes, names, types_ = item
-    names_off = _string_vector(builder, names)
+    names_off = string_vector(builder, names)
     ids_off = builder.CreateNumpyVector(ids)
     sizes_off = builder.CreateNumpyVector(np.asarray(sizes, np.uint32))
     types_off = builder.CreateByteVector(_axis_types(types_, "$.meshes"))
@@ -229,6 +230,8 @@ _CACHE_MAX = 512
 def decode_mesh(reader, t, path):
     ids = t.ints(LM.device_ids, "u32", path, "device_ids")
     sizes = t.ints(LM.axis_sizes, "u32", path, "axis_sizes")
+    if not sizes:  # read under any header: earlier writers stamped it 1
+        versions.note_used("mesh_without_axes")
     names = _read_axis_names(t, LM.axis_names, path)
     types_ = _read_axis_types(t, LM.axis_types, len(names), path)
     resolver = reader.resolver
@@ -266,7 +269,8 @@ def decode_mesh(reader, t, path):
 def intern_mesh(writer, mesh, path) -> int:
     writer.require("mesh", path)
     if not mesh.axis_names:
-        # Not checked on read: earlier writers stamped it readable by 1.
+        # Read under any header (versions.LENIENT): earlier writers
+        # stamped it readable by 1.
         writer.require("mesh_without_axes", path)
     return writer.intern_obj("meshes", mesh,
                              lambda m: _mesh_item(m, path))
@@ -297,7 +301,7 @@ def _decode_abstract_device(t, path):
 
 
 def build_abstract_mesh(writer, builder, am) -> int:
-    names_off = _string_vector(builder, am.axis_names)
+    names_off = string_vector(builder, am.axis_names)
     sizes_off = builder.CreateNumpyVector(np.asarray(am.axis_sizes, np.uint32))
     types_off = builder.CreateByteVector(
         _axis_types(am.axis_types, "$.abstract_meshes"))

@@ -3,14 +3,15 @@
 Built-in nodes (None, tuple, list, dict, namedtuple, OrderedDict, defaultdict)
 are encoded natively.  Other node types go through one registry: the one users
 already fill with ``jax.export.register_pytree_node_serialization`` /
-``register_namedtuple_serialization``.  Decoding never imports a module: an
-unregistered namedtuple is resolved only among modules already imported.
+``register_namedtuple_serialization``.  A namedtuple class registered as a
+custom pytree node is a custom node (JAX flattens it with its own flatten).
+Decoding never imports a module: an unregistered namedtuple is resolved only
+among modules already imported.
 """
 
 from __future__ import annotations
 
 import collections
-import sys
 
 import numpy as np
 from jax._src import tree_util as jtu
@@ -21,8 +22,11 @@ from jaxcolo_fb import KeyKind
 from jaxcolo_fb import LeafKind
 from jaxcolo_fb import NodeKind
 from jaxcolo.codec.core import register_leaf, register_table
+from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
+    is_custom_node, is_namedtuple, plain_namedtuple, qualified, \
+    registered_factory, resolve_imported
 from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
-from jaxcolo.fastbuilder import offset_vector
+from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
 
 L = layout(fb, "PyTreeDef")
@@ -48,34 +52,35 @@ def copy_budget(size: int) -> int:
     ``size`` bytes."""
     return COPY_RATIO * size + COPY_FLOOR
 
+
+# jaxlib's from_node_data_and_children makes any node of a namedtuple type a
+# namedtuple node, even when the type is registered as a custom node: those
+# are assembled from PyTreeDef's pickle state (the children's nodes in
+# postorder, then the node), costing about STATE_COST copies per node below
+# (charged by writer and reader alike).
+STATE_COST = 16
+_CUSTOM_KIND = jtu.tree_structure(
+    collections.OrderedDict(a=0)).__getstate__()[1][-1][0]
+
+
+def _make_custom_node(registry, node_data, children):
+    """from_node_data_and_children for a custom node of a namedtuple type."""
+    t, aux = node_data
+    nodes, leaves = [], 0
+    for c in children:
+        nodes += c.__getstate__()[1]
+        leaves += c.num_leaves
+    nodes.append((_CUSTOM_KIND, len(children), aux, t, leaves,
+                  len(nodes) + 1))
+    td = PyTreeDef.__new__(PyTreeDef)
+    td.__setstate__((registry, nodes))
+    return td
+
+
 _NODE_KIND_MAX = NodeKind.custom
 _WITH_DATA = frozenset((NodeKind.dict, NodeKind.namedtuple,
                         NodeKind.ordered_dict, NodeKind.default_dict,
                         NodeKind.custom))
-
-
-def _is_namedtuple(t) -> bool:
-    return (isinstance(t, type) and issubclass(t, tuple)
-            and isinstance(getattr(t, "_fields", None), tuple))
-
-
-def _qualified(obj) -> str:
-    return f"{obj.__module__}:{obj.__qualname__}"
-
-
-def resolve_imported(name: str):
-    """The object named "module:qualname" if its module is already imported
-    (looked up in namespaces only: nothing is imported, no module
-    __getattr__ runs)."""
-    module_name, _, qualname = name.partition(":")
-    obj = sys.modules.get(module_name)
-    if obj is None or not qualname:
-        return None
-    for part in qualname.split("."):
-        obj = vars(obj).get(part) if hasattr(obj, "__dict__") else None
-        if obj is None:
-            return None
-    return obj
 
 
 # ------------------------------------------------------------------ encode
@@ -141,8 +146,22 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
         factory, keys = aux
         out.kinds.append(NodeKind.default_dict)
         out.node_data.append(("defaultdict", *_keys(keys, path),
-                              _factory_name(factory, path)))
-    elif t in jexport.serialization_registry and not _is_namedtuple(t):
+                              factory_name(factory, path)))
+    elif plain_namedtuple(t):
+        reg = jexport.serialization_registry.get(t)
+        name = reg[0] if reg is not None else qualified(t)
+        if reg is None and ("<locals>" in name or
+                            resolve_imported(name) is not t):
+            raise EncodeError(
+                f"namedtuple {name} is not what that name refers to in its "
+                "module (defined inside a function, or shadowed), so no "
+                "reader can find it by name: register it with "
+                "jax.export.register_namedtuple_serialization", path)
+        out.kinds.append(NodeKind.namedtuple)
+        out.node_data.append(("namedtuple", name, list(t._fields)))
+    elif is_namedtuple(t) and (err := custom_namedtuple_error(t, path)):
+        raise err  # a custom node (not a namedtuple node) we cannot write
+    elif t in jexport.serialization_registry:
         name, ser = jexport.serialization_registry[t]
         try:
             blob = ser(aux)
@@ -156,18 +175,8 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
                 f"{type(blob).__name__}, expected bytes", path)
         out.kinds.append(NodeKind.custom)
         out.node_data.append(("custom", name, bytes(blob)))
-    elif _is_namedtuple(t):
-        reg = jexport.serialization_registry.get(t)
-        name = reg[0] if reg is not None else _qualified(t)
-        if reg is None and ("<locals>" in name or
-                            resolve_imported(name) is not t):
-            raise EncodeError(
-                f"namedtuple {name} is not what that name refers to in its "
-                "module (defined inside a function, or shadowed), so no "
-                "reader can find it by name: register it with "
-                "jax.export.register_namedtuple_serialization", path)
-        out.kinds.append(NodeKind.namedtuple)
-        out.node_data.append(("namedtuple", name, list(t._fields)))
+        if is_namedtuple(t):  # rebuilt from pickle state (_make_custom_node)
+            out.copies += STATE_COST * (td.num_nodes - 1)
     else:
         raise EncodeError(
             f"cannot serialize a PyTreeDef with node type {t!r}: register it "
@@ -176,41 +185,6 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
     out.arities.append(len(children))
     for c in children:
         _flatten_node(c, out, path, depth + 1)
-
-
-# defaultdict default_factory name -> callable.  Only these are written and
-# read: a payload naming any other callable is refused, because the decoded
-# defaultdict would call it on every missing key.
-_DEFAULT_FACTORIES: dict = {}
-
-
-def register_default_factory(factory) -> None:
-    """Allow defaultdicts with ``default_factory=factory`` (a named,
-    module-level callable) in payloads, written and read by its
-    ``module:qualname``.  Built-in containers and scalars are allowed
-    already; register other factories in writer and reader alike."""
-    name = _qualified(factory) if hasattr(factory, "__qualname__") else None
-    if name is None or resolve_imported(name) is not factory:
-        raise ValueError(f"default_factory {factory!r} must be a named "
-                         "module-level callable")
-    _DEFAULT_FACTORIES[name] = factory
-
-
-for _factory in (list, dict, set, frozenset, tuple, int, float, complex, str,
-                 bytes, bool, collections.OrderedDict, collections.Counter,
-                 collections.deque, collections.defaultdict):
-    register_default_factory(_factory)
-
-
-def _factory_name(factory, path) -> str:
-    if factory is None:
-        return ""
-    name = _qualified(factory) if hasattr(factory, "__qualname__") else None
-    if name is None or _DEFAULT_FACTORIES.get(name) is not factory:
-        raise EncodeError(
-            f"defaultdict default_factory {factory!r} is not registered "
-            "(jaxcolo.register_default_factory)", path)
-    return name
 
 
 _FLAT_CACHE: dict = {}
@@ -249,11 +223,14 @@ def flatten_treedef(td, path: str = "$", key=None) -> FlatTree:
 def build_treedef(builder, flat: FlatTree) -> int:
     shared: dict = {}  # equal node data is stored once and shared
     data_offs = []
-    for d in flat.node_data:
+    for j, d in enumerate(flat.node_data):
         key = _node_data_key(d)
         off = shared.get(key)
         if off is None:
-            off = shared[key] = _build_node_data(builder, d)
+            try:
+                off = shared[key] = _build_node_data(builder, d)
+            except EncodeError as e:  # a string UTF-8 cannot hold
+                raise e.under(f"$.node_data[{j}]") from None
         data_offs.append(off)
     kinds = builder.CreateByteVector(bytes(flat.kinds))
     arities = (builder.CreateNumpyVector(np.asarray(flat.arities, np.uint32))
@@ -274,11 +251,6 @@ def _node_data_key(d):
     return tuple(tuple(x) if isinstance(x, list) else x for x in d)
 
 
-def _string_vector(builder, strings) -> int:
-    return offset_vector(builder,
-                         [builder.CreateSharedString(s) for s in strings])
-
-
 def _build_node_data(builder, d) -> int:
     tag = d[0]
     str_keys = int_keys = name = fields = aux = 0
@@ -286,14 +258,14 @@ def _build_node_data(builder, d) -> int:
     if tag in ("keys", "defaultdict"):
         key_kind, keys = d[1], d[2]
         if key_kind == KeyKind.str:
-            str_keys = _string_vector(builder, keys)
+            str_keys = string_vector(builder, keys)
         elif key_kind == KeyKind.int:
             int_keys = builder.CreateNumpyVector(np.asarray(keys, np.int64))
         if tag == "defaultdict":
             name = builder.CreateSharedString(d[3])
     elif tag == "namedtuple":
         name = builder.CreateSharedString(d[1])
-        fields = _string_vector(builder, d[2])
+        fields = string_vector(builder, d[2])
     else:  # custom
         name = builder.CreateSharedString(d[1])
         aux = builder.CreateByteVector(d[2])
@@ -395,6 +367,10 @@ class _DecodeState:
         children = []
         for _ in range(n):
             children.append(self.node(depth + 1))
+        make = _make
+        if kind == NodeKind.custom and is_namedtuple(spec[0]):
+            self.copies += STATE_COST * sum(c.num_nodes for c in children)
+            make = _make_custom_node
         if self.copies > self.budget[0]:
             raise PayloadError(
                 "rebuilding the tree copies nodes out of proportion to the "
@@ -405,7 +381,7 @@ class _DecodeState:
         if kind == NodeKind.list:
             return _make(_REGISTRY, (list, None), children)
         try:
-            return _make(_REGISTRY, spec, children)
+            return make(_REGISTRY, spec, children)
         except Exception as e:  # a registered node's constructor refused
             raise PayloadError(f"cannot rebuild node {_type_name(spec[0])}: "
                                f"{e}", dpath) from None
@@ -448,7 +424,7 @@ def _node_spec(kind, t, n, path):
         fname = t.string(LD.name, path, "name") or ""
         factory = None
         if fname:
-            factory = _DEFAULT_FACTORIES.get(fname)
+            factory = registered_factory(fname)
             if factory is None:
                 raise PayloadError(
                     f"defaultdict default_factory {fname[:200]!r} is not "
@@ -461,6 +437,10 @@ def _node_spec(kind, t, n, path):
     if kind == NodeKind.namedtuple:
         fields = tuple(t.strings(LD.fields, path, "fields"))
         nt = _lookup_namedtuple(name, path)
+        if is_custom_node(nt):  # rebuilt as such, with no auxdata
+            raise PayloadError(
+                f"namedtuple {name!r} is a custom pytree node here, the "
+                "payload has a plain namedtuple node", f"{path}.name")
         if nt._fields != fields or len(fields) != n:
             raise PayloadError(
                 f"namedtuple {name!r} has fields {nt._fields}, the payload "
@@ -473,6 +453,10 @@ def _node_spec(kind, t, n, path):
             f"pytree node type {name!r} is not registered here (use "
             "jax.export.register_pytree_node_serialization)", f"{path}.name")
     nodetype, deser, _ = reg
+    if is_namedtuple(nodetype) and not is_custom_node(nodetype):
+        raise PayloadError(
+            f"{name!r} is a plain namedtuple here (no pytree registration), "
+            "the payload has a custom node", f"{path}.name")
     blob = t.bytes(LD.auxdata, path, "auxdata") or b""
     try:
         aux = deser(blob)
@@ -485,7 +469,7 @@ def _node_spec(kind, t, n, path):
 def _lookup_namedtuple(name, path):
     reg = jexport.deserialization_registry.get(name)
     nt = reg[0] if reg is not None else resolve_imported(name)
-    if not _is_namedtuple(nt):
+    if not is_namedtuple(nt):
         raise UnregisteredError(
             f"namedtuple type {name!r} is neither registered (jax.export."
             "register_namedtuple_serialization) nor defined in an imported "
@@ -505,8 +489,10 @@ def _decode_treedef_entry(reader, t, path):
 
 def _intern_treedef(writer, td, path):
     writer.require("pytree", path)
-    flat = flatten_treedef(td, path)
-    return writer.intern_obj("treedefs", td, lambda _: flat)
+    # Keyed by treedef_key: treedefs equal for JAX may differ in auxdata
+    # (1, 1.0, True), which equality would merge into one entry.
+    return writer.intern_obj("treedefs", td, lambda _: flatten_treedef(
+        td, path), key=treedef_key)
 
 
 register_table("treedefs", _build_treedef_entry, _decode_treedef_entry)

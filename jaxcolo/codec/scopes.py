@@ -26,10 +26,10 @@ from jax._src.export import shape_poly
 import jaxcolo_fb as fb
 from jaxcolo import versions
 from jaxcolo.codec.core import register_table
-from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.codec.symbolic import check_writable_text, make_scope, \
     trial_scope
 from jaxcolo.errors import EncodeError
+from jaxcolo.fastbuilder import string_vector
 from jaxcolo.wire import layout
 
 LC = layout(fb, "SymbolicScope")
@@ -93,7 +93,7 @@ def scope_entry(writer, scope, path) -> int:
 
 def build_scope(writer, builder, item) -> int:
     constraints, token, _ = item
-    off = _string_vector(builder, constraints)
+    off = string_vector(builder, constraints)
     fb.SymbolicScopeStart(builder)
     fb.SymbolicScopeAddConstraints(builder, off)
     if writer.version >= versions.FEATURE_SINCE[_IDENTITY]:

@@ -22,8 +22,8 @@ from jaxcolo.codec import opsharding
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.mesh import intern_abstract_mesh, intern_device_list, \
     intern_mesh
-from jaxcolo.codec.pytree import _string_vector
 from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.fastbuilder import string_vector
 from jaxcolo.wire import layout
 
 LP = layout(fb, "PartitionSpec")
@@ -61,9 +61,9 @@ def _spec_item(spec, path):
 
 def build_partition_spec(writer, builder, item) -> int:
     entries, counts, names, reduced, unreduced = item
-    names_off = _string_vector(builder, names) if names else 0
-    red_off = _string_vector(builder, reduced) if reduced else 0
-    unred_off = _string_vector(builder, unreduced) if unreduced else 0
+    names_off = string_vector(builder, names) if names else 0
+    red_off = string_vector(builder, reduced) if reduced else 0
+    unred_off = string_vector(builder, unreduced) if unreduced else 0
     counts_off = (builder.CreateNumpyVector(np.asarray(counts, np.uint32))
                   if counts else 0)
     entries_off = builder.CreateByteVector(entries)

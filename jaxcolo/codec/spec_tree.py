@@ -19,9 +19,9 @@ from jaxcolo.codec import core, memo
 from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
 from jaxcolo.codec.mesh import make_resolver
 from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
-    copy_budget, decode_treedef, flatten_treedef, treedef_key, _string_vector
+    copy_budget, decode_treedef, flatten_treedef, treedef_key
 from jaxcolo.errors import EncodeError, PayloadError
-from jaxcolo.fastbuilder import FastBuilder, offset_vector
+from jaxcolo.fastbuilder import FastBuilder, offset_vector, string_vector
 from jaxcolo.wire import Buffer, layout, parse_budget
 
 L = layout(fb, "SpecTree")
@@ -142,18 +142,30 @@ def build_tables(writer: core.Writer, builder) -> dict:
         items = writer.items(codec.field)
         if not items:
             continue
+        path = f"$.{codec.field}"
         if codec.open is not None:  # columnar: one table for all items
-            offsets[codec.field] = codec.build(writer, builder, items)
+            try:
+                offsets[codec.field] = codec.build(writer, builder, items)
+            except EncodeError as e:  # a string UTF-8 cannot hold
+                raise e.under(path) from None
             continue
-        offsets[codec.field] = offset_vector(
-            builder, [codec.build(writer, builder, it) for it in items])
+        offs = []
+        for i, it in enumerate(items):
+            try:
+                offs.append(codec.build(writer, builder, it))
+            except EncodeError as e:
+                raise e.under(f"{path}[{i}]") from None
+        offsets[codec.field] = offset_vector(builder, offs)
     devices = writer.items("devices")
     if devices:
         offsets["devices"] = builder.CreateNumpyVector(
             np.asarray(devices, np.uint32))
     impls = writer.items("prng_impls")
     if impls:
-        offsets["prng_impls"] = _string_vector(builder, impls)
+        try:
+            offsets["prng_impls"] = string_vector(builder, impls)
+        except EncodeError as e:
+            raise e.under("$.prng_impls") from None
     return offsets
 
 
@@ -197,7 +209,10 @@ def encode_spec_tree(obj, version: int | None = None,
     kinds, refs = intern_leaves(writer, obj, leaves)
     builder = BUILDER(256 + 16 * len(kinds))
     offsets = build_tables(writer, builder)
-    offsets["structure"] = build_treedef(builder, flat)
+    try:
+        offsets["structure"] = build_treedef(builder, flat)
+    except EncodeError as e:  # a dict key or name UTF-8 cannot hold
+        raise e.under("$.structure") from None
     offsets["leaf_kinds"] = builder.CreateByteVector(bytes(kinds))
     offsets["leaf_refs"] = builder.CreateNumpyVector(refs)
     fb.SpecTreeStart(builder)

@@ -342,15 +342,34 @@ def trial_scope(constraints: tuple, path: str):
                           path) from None
 
 
-def trial_parse_units(text: str, scope, path: str) -> int:
-    """The units a reader is charged for parsing ``text`` in ``scope`` (the
-    trial scope of its constraints) beyond its text."""
+def trial_parse_units(text: str, scope, path: str, dim) -> int:
+    """The units a reader is charged for parsing ``text`` (the printed form
+    of ``dim``) in ``scope`` (the trial scope of its constraints) beyond its
+    text; EncodeError unless it reads back equal to ``dim``.  Equality
+    constraints may rewrite what is parsed: with ``a == 2*b`` and
+    ``b == mod(c, 3) + 1``, ``max(a, c)`` prints as ``max(2*b, c)`` and
+    reads back as ``max(2*mod(c, 3) + 2, c)``, which JAX does not find
+    equal to it (``a`` itself reads back as ``2*mod(c, 3) + 2``, equal)."""
     try:
-        return _trial_units(
+        dims, units = _trial_units(
             lambda: shape_poly.symbolic_shape(text, scope=scope),
-            f"parsing {text[:80]!r}", path)[1]
+            f"parsing {text[:80]!r}", path)
     except EncodeError:
         raise
     except Exception as e:
         raise EncodeError(f"symbolic dim {text[:80]!r} does not parse back: "
                           f"{e}", path) from None
+    back = str(dims[0]) if len(dims) == 1 else str(dims)
+    if back == text:  # the same expression (the usual case)
+        return units
+    # Another form: is it equal to ``dim``, in its own scope (where a
+    # reader in this process reads it, and where equality is defined)?
+    equal, _ = _trial_units(
+        lambda: dim == shape_poly.symbolic_shape(text, scope=dim.scope)[0],
+        f"comparing {text[:80]!r} with what it reads back as", path)
+    if not equal:
+        raise EncodeError(
+            f"symbolic dim {text[:80]!r} reads back as {back[:80]!r} under "
+            "its scope's constraints (an equality constraint rewrites it), "
+            "which is not equal to it", path)
+    return units

@@ -28,7 +28,7 @@ import io
 import pickle
 import traceback
 
-from jaxcolo.codec.pytree import resolve_imported
+from jaxcolo.codec.names import resolve_imported
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process.messages import Message, MessageKind as K
 

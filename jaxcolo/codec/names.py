@@ -1,0 +1,121 @@
+"""Python types and callables named by ``module:qualname`` in pytree nodes.
+
+How a node type is written depends on how JAX flattens it (a namedtuple may
+be a plain namedtuple node or a custom node with its own flatten), and a
+reader finds namedtuples and defaultdict factories by name among modules
+already imported, never importing one.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+from jax._src import tree_util as jtu
+from jax._src.export import _export as jexport
+
+from jaxcolo.errors import EncodeError
+
+
+def qualified(obj) -> str:
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def resolve_imported(name: str):
+    """The object named "module:qualname" if its module is already imported
+    (looked up in namespaces only: nothing is imported, no module
+    __getattr__ runs)."""
+    module_name, _, qualname = name.partition(":")
+    obj = sys.modules.get(module_name)
+    if obj is None or not qualname:
+        return None
+    for part in qualname.split("."):
+        obj = vars(obj).get(part) if hasattr(obj, "__dict__") else None
+        if obj is None:
+            return None
+    return obj
+
+
+def is_namedtuple(t) -> bool:
+    return (isinstance(t, type) and issubclass(t, tuple)
+            and isinstance(getattr(t, "_fields", None), tuple))
+
+
+def is_custom_node(t) -> bool:
+    """Whether JAX flattens ``t`` with a flatten registered for it
+    (register_pytree_node, register_dataclass and the like) rather than
+    natively.  A namedtuple class so registered is a custom node (its own
+    children and auxdata), not a namedtuple node; the registry consulted is
+    the one jax.export consults for the same question."""
+    return t in jtu._registry
+
+
+def plain_namedtuple(t) -> bool:
+    """Whether JAX flattens ``t`` as a namedtuple node (all fields, no
+    auxdata)."""
+    return is_namedtuple(t) and not is_custom_node(t)
+
+
+def custom_namedtuple_error(t, path):
+    """None if custom-node namedtuple ``t`` can be written as a custom node,
+    else the EncodeError saying why not."""
+    reg = jexport.serialization_registry.get(t)
+    if reg is None:
+        return EncodeError(
+            f"namedtuple {t.__qualname__} is registered as a custom pytree "
+            "node (its own flatten and auxdata), so it is serialized as one: "
+            "register it with jax.export.register_pytree_node_serialization "
+            "(register_namedtuple_serialization drops the auxdata)", path)
+    # Registered with a from_children of its own: that is how
+    # register_namedtuple_serialization rebuilds a plain namedtuple from its
+    # fields, dropping the auxdata.  The reader rebuilds custom nodes with
+    # the registered unflatten from the auxdata, which would misread them.
+    from_children = jexport.deserialization_registry[reg[0]][2]
+    if from_children is not jtu._registry[t].from_iter:
+        return EncodeError(
+            f"namedtuple {t.__qualname__} is registered as a custom pytree "
+            f"node, but its serialization {reg[0]!r} has its own from_children "
+            "(as register_namedtuple_serialization makes), which drops the "
+            "node's auxdata: register it with jax.export."
+            "register_pytree_node_serialization without from_children", path)
+    return None
+
+
+# defaultdict default_factory name -> callable.  Only these are written and
+# read: a payload naming any other callable is refused, because the decoded
+# defaultdict would call it on every missing key.
+DEFAULT_FACTORIES: dict = {}
+
+
+def register_default_factory(factory) -> None:
+    """Allow defaultdicts with ``default_factory=factory`` (a named,
+    module-level callable) in payloads, written and read by its
+    ``module:qualname``.  Built-in containers and scalars are allowed
+    already; register other factories in writer and reader alike."""
+    name = qualified(factory) if hasattr(factory, "__qualname__") else None
+    if name is None or resolve_imported(name) is not factory:
+        raise ValueError(f"default_factory {factory!r} must be a named "
+                         "module-level callable")
+    DEFAULT_FACTORIES[name] = factory
+
+
+for _factory in (list, dict, set, frozenset, tuple, int, float, complex, str,
+                 bytes, bool, collections.OrderedDict, collections.Counter,
+                 collections.deque, collections.defaultdict):
+    register_default_factory(_factory)
+
+
+def registered_factory(name: str):
+    """The default_factory registered as ``name``, or None."""
+    return DEFAULT_FACTORIES.get(name)
+
+
+def factory_name(factory, path) -> str:
+    if factory is None:
+        return ""
+    name = qualified(factory) if hasattr(factory, "__qualname__") else None
+    if name is None or DEFAULT_FACTORIES.get(name) is not factory:
+        raise EncodeError(
+            f"defaultdict default_factory {factory!r} is not registered "
+            "(jaxcolo.register_default_factory)", path)
+    return name
