@@ -15,7 +15,7 @@ import dataclasses
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 MIN_READABLE_VERSION = 1
 
 
@@ -72,6 +72,13 @@ HISTORY: tuple[VersionInfo, ...] = (
         # failed holds its later multi-host calls until every other host is
         # done with that call (sessions at version >= 7 only).
         "message_resume",
+    )),
+    VersionInfo(8, 1, (
+        # No schema change: a namedtuple class registered as a custom pytree
+        # node is a custom node (kind custom, its registered name and
+        # auxdata).  Readers before 8 rebuilt such a node as a plain
+        # namedtuple of its children: wrong, silently.
+        "namedtuple_custom_node",
     )),
 )
 

@@ -335,6 +335,23 @@ def test_uniform_leaves_path_matches_general_loop(monkeypatch):
         jaxcolo.serialize(bad)
 
 
+def test_namedtuple_custom_nodes_need_a_version_8_reader():
+    """Readers before 8 rebuild such a node as a plain namedtuple of its
+    children (silently wrong), so payloads holding one say reader 8, and
+    writing one at version 7 is an EncodeError."""
+    from jaxcolo.checking import check_readable
+    a = jax.ShapeDtypeStruct((1,), np.float32)
+    for obj in ([corpus.Swapped(a, None)],
+                jax.tree_util.tree_structure(corpus.Tagged(1, "t"))):
+        data = jaxcolo.serialize(obj)
+        assert jaxcolo.inspect(data)["min_reader_version"] == 8
+        assert check_readable(data, 8)[0] and not check_readable(data, 7)[0]
+        with pytest.raises(jaxcolo.EncodeError, match=r"namedtuple_custom_node"
+                           r" needs schema version 8, but version 7"):
+            jaxcolo.serialize(obj, version=7)
+    assert jaxcolo.inspect(jaxcolo.serialize([a]))["min_reader_version"] == 1
+
+
 def test_namedtuples_registered_as_custom_nodes_round_trip():
     """They were written as plain namedtuples (all fields, no auxdata):
     refused by our reader, or read back with the children swapped."""

@@ -36,6 +36,31 @@ def resolve_imported(name: str):
     return obj
 
 
+# What resolves "__main__:" names where __main__ is not the script that
+# wrote them (a worker process: its controller's script's classes, see
+# jaxcolo.process.main_types); None: this process's own __main__.
+foreign_main = None
+
+
+def resolve_namedtuple(name: str, fields=None):
+    """The class a reader finds for namedtuple ``name`` (with the
+    payload's ``fields``), or None."""
+    if foreign_main is not None and name.startswith("__main__:"):
+        return foreign_main.resolve(name, fields)
+    return resolve_imported(name)
+
+
+def found_by_name(t, name: str) -> bool:
+    """Whether a reader finds class ``t`` by ``name`` (its qualified name):
+    not inside a function, not shadowed.  A worker names its controller's
+    script's classes by their names there."""
+    if "<locals>" in name:
+        return False
+    if foreign_main is not None and name.startswith("__main__:"):
+        return True
+    return resolve_imported(name) is t
+
+
 def is_namedtuple(t) -> bool:
     return (isinstance(t, type) and issubclass(t, tuple)
             and isinstance(getattr(t, "_fields", None), tuple))

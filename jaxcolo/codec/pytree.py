@@ -23,8 +23,8 @@ from jaxcolo_fb import LeafKind
 from jaxcolo_fb import NodeKind
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
-    is_custom_node, is_namedtuple, plain_namedtuple, qualified, \
-    registered_factory, resolve_imported
+    found_by_name, is_custom_node, is_namedtuple, plain_namedtuple, \
+    qualified, registered_factory, resolve_namedtuple
 from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
@@ -88,13 +88,20 @@ _WITH_DATA = frozenset((NodeKind.dict, NodeKind.namedtuple,
 class FlatTree:
     """A PyTreeDef flattened to the wire's preorder arrays."""
 
-    __slots__ = ("kinds", "arities", "node_data", "copies")
+    __slots__ = ("kinds", "arities", "node_data", "copies", "features")
 
     def __init__(self):
         self.kinds = bytearray()
         self.arities: list[int] = []
         self.node_data: list[tuple] = []
         self.copies = 0  # node copies a reader makes rebuilding it
+        self.features: set = set()  # versions.py features it needs
+
+
+def require_features(writer, flat: FlatTree, path: str) -> None:
+    """Note in ``writer`` the schema features tree ``flat`` needs."""
+    for feature in flat.features:
+        writer.require(feature, path)
 
 
 def _keys(keys, path):
@@ -150,8 +157,7 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
     elif plain_namedtuple(t):
         reg = jexport.serialization_registry.get(t)
         name = reg[0] if reg is not None else qualified(t)
-        if reg is None and ("<locals>" in name or
-                            resolve_imported(name) is not t):
+        if reg is None and not found_by_name(t, name):
             raise EncodeError(
                 f"namedtuple {name} is not what that name refers to in its "
                 "module (defined inside a function, or shadowed), so no "
@@ -177,6 +183,7 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
         out.node_data.append(("custom", name, bytes(blob)))
         if is_namedtuple(t):  # rebuilt from pickle state (_make_custom_node)
             out.copies += STATE_COST * (td.num_nodes - 1)
+            out.features.add("namedtuple_custom_node")
     else:
         raise EncodeError(
             f"cannot serialize a PyTreeDef with node type {t!r}: register it "
@@ -436,7 +443,7 @@ def _node_spec(kind, t, n, path):
         raise PayloadError("node type name missing", f"{path}.name")
     if kind == NodeKind.namedtuple:
         fields = tuple(t.strings(LD.fields, path, "fields"))
-        nt = _lookup_namedtuple(name, path)
+        nt = _lookup_namedtuple(name, path, fields)
         if is_custom_node(nt):  # rebuilt as such, with no auxdata
             raise PayloadError(
                 f"namedtuple {name!r} is a custom pytree node here, the "
@@ -466,9 +473,9 @@ def _node_spec(kind, t, n, path):
     return nodetype, aux
 
 
-def _lookup_namedtuple(name, path):
+def _lookup_namedtuple(name, path, fields):
     reg = jexport.deserialization_registry.get(name)
-    nt = reg[0] if reg is not None else resolve_imported(name)
+    nt = reg[0] if reg is not None else resolve_namedtuple(name, fields)
     if not is_namedtuple(nt):
         raise UnregisteredError(
             f"namedtuple type {name!r} is neither registered (jax.export."
@@ -491,8 +498,9 @@ def _intern_treedef(writer, td, path):
     writer.require("pytree", path)
     # Keyed by treedef_key: treedefs equal for JAX may differ in auxdata
     # (1, 1.0, True), which equality would merge into one entry.
-    return writer.intern_obj("treedefs", td, lambda _: flatten_treedef(
-        td, path), key=treedef_key)
+    flat = flatten_treedef(td, path)  # (memoized)
+    require_features(writer, flat, path)
+    return writer.intern_obj("treedefs", td, lambda _: flat, key=treedef_key)
 
 
 register_table("treedefs", _build_treedef_entry, _decode_treedef_entry)

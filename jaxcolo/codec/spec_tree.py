@@ -19,7 +19,8 @@ from jaxcolo.codec import core, memo
 from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
 from jaxcolo.codec.mesh import make_resolver
 from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
-    copy_budget, decode_treedef, flatten_treedef, treedef_key
+    copy_budget, decode_treedef, flatten_treedef, require_features, \
+    treedef_key
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import FastBuilder, offset_vector, string_vector
 from jaxcolo.wire import Buffer, layout, parse_budget
@@ -206,6 +207,7 @@ def encode_spec_tree(obj, version: int | None = None,
         return hit
     writer = core.Writer(version)
     writer.require("spec_tree")
+    require_features(writer, flat, "$.structure")
     kinds, refs = intern_leaves(writer, obj, leaves)
     builder = BUILDER(256 + 16 * len(kinds))
     offsets = build_tables(writer, builder)
