@@ -294,3 +294,40 @@ def test_a_reply_streaming_longer_than_lost_timeout_is_not_lost(keyfile):
             proxy.close()
         proc.terminate()
         proc.wait(10)
+
+
+_SCRIPT_TYPES = r'''
+import collections, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, numpy as np
+import jaxcolo
+
+Pair = collections.namedtuple("Pair", "a b")
+Other = collections.namedtuple("Other", "u v")
+
+x = jax.device_put(np.int32(1), jax.devices()[0])
+with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+    add = jaxcolo.colocated_python(lambda p: p.a + p.b)  # Pair not named
+    print("in", int(add(Pair(x, x))))
+    make = jaxcolo.colocated_python(lambda v: Pair(v, v + 1))
+    out = make(x)
+    print("out", type(out) is Pair, int(out.b))
+    same = jaxcolo.colocated_python(
+        lambda p: Other(p.u, p.v + 1) if type(p) is Other else None)
+    back = same(Other(x, x))  # the body's own class reaches the function
+    print("same", type(back) is Other, int(back.v))
+'''
+
+
+def test_a_scripts_namedtuples_work_on_workers(tmp_path):
+    """Namedtuples defined in the user's script (``__main__``) in inputs
+    and outputs, as in JAX: a worker resolves ``__main__:Name`` to the
+    class the body carries, or one made from the payload's fields (it
+    looked in its own ``__main__`` and refused them)."""
+    script = tmp_path / "script.py"
+    script.write_text(_SCRIPT_TYPES)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True,
+                         text=True, timeout=240,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:3] == ["in 2", "out True 2", "same True 2"]

@@ -195,8 +195,10 @@ def run(args) -> int:
         os._exit(0)
     signal.signal(signal.SIGTERM, terminate)
 
+    from jaxcolo.process import main_types
     from jaxcolo.process.messages import Message, encode
     from jaxcolo.process.worker import Session
+    main_types.install()  # "__main__:" names are the controller's script's
     from jaxcolo import versions
     from jaxcolo.transport import handshake, listener as listener_mod
     from jaxcolo_fb import MessageKind

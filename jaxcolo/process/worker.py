@@ -42,6 +42,7 @@ from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.colocated.program import ProgramRef, decode_program, read_program
 from jaxcolo.errors import ExecutorError, PayloadError, UnregisteredError
 from jaxcolo.process import arrays, messages
+from jaxcolo.process import main_types
 from jaxcolo.process.lanes import HoldingGate, LaneRunner
 from jaxcolo.process.remote_errors import error_message
 from jaxcolo.versions import FEATURE_SINCE
@@ -78,11 +79,16 @@ def _decode_importing(payload: bytes, inflation=None):
         try:
             with envelope.inflation_scope(start and start.copy()):
                 body = read_program(payload).body
-            loads_body(body)
+            main_types.NAMESPACE.collect(loads_body(body))
         except Exception:  # noqa: BLE001 - the first error says more
             raise first from None
-        with envelope.inflation_scope(start):
-            return decode_program(payload)
+        try:
+            with envelope.inflation_scope(start and start.copy()):
+                return decode_program(payload)
+        except UnregisteredError:  # a script's namedtuple the body does
+            with envelope.inflation_scope(start), \
+                    main_types.NAMESPACE.making():  # not name: made here
+                return decode_program(payload)
 
 
 def _reason(e: BaseException) -> str:
@@ -464,6 +470,7 @@ class Session:
         if self._ended.is_set():
             return
         self._ended.set()
+        main_types.NAMESPACE.clear()  # the next controller's are its own
         self._busy_event.set()
         self._gate.break_()
         self._released.put(None)
