@@ -33,6 +33,7 @@ from jaxcolo.process import arrays, messages
 from jaxcolo.process.results import executor_thread
 from jaxcolo.transport import blobs, channel as ch, handshake
 from jaxcolo.transport.interrupts import CRITICAL
+from jaxcolo.transport.writer import SendDeadline, seconds_until
 
 log = logging.getLogger("jaxcolo.executor")
 READ_POLL = 0.05    # seconds between checks of a reader's stop condition
@@ -135,8 +136,8 @@ class HostLink:
         lock = self.register_lock
         if deadline is None:
             lock.acquire()
-        elif not lock.acquire(timeout=ch.seconds_until(deadline)):
-            raise ch.SendDeadline("another thread was registering programs "
+        elif not lock.acquire(timeout=seconds_until(deadline)):
+            raise SendDeadline("another thread was registering programs "
                                   "until the deadline", started=False)
         try:
             if program.id not in self.registered:
@@ -144,7 +145,7 @@ class HostLink:
                     self.send(messages.Message(
                         K.register, program_id=program.id,
                         program=program.payload), deadline=deadline)
-                except ch.SendDeadline as e:
+                except SendDeadline as e:
                     if e.started:  # it arrives before anything sent later
                         self.registered.add(program.id)
                     raise
@@ -161,7 +162,7 @@ class HostLink:
             self.send(messages.Message(K.stats, call_id=key),
                       deadline=deadline)  # (a send going on: SendDeadline)
             self.kick()
-            if not ev.wait(ch.seconds_until(deadline)):
+            if not ev.wait(seconds_until(deadline)):
                 raise ExecutorError(f"{self.describe}: no stats reply")
             return box[1]
         finally:

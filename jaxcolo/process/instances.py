@@ -25,7 +25,7 @@ import queue
 import threading
 from typing import Callable, Hashable
 
-from jaxcolo.transport.channel import seconds_until
+from jaxcolo.transport.writer import seconds_until
 
 log = logging.getLogger("jaxcolo.executor")
 

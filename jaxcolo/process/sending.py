@@ -25,7 +25,7 @@ from jaxcolo.process.hostset import RESUME_SINCE
 from jaxcolo.process.hosts import HostLink
 from jaxcolo.process.results import Call, executor_thread
 from jaxcolo.transport import interrupts
-from jaxcolo.transport.channel import SendDeadline, seconds_until
+from jaxcolo.transport.writer import SendDeadline, seconds_until
 
 
 class CallSending:

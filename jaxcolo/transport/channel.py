@@ -14,8 +14,6 @@ socket is shut down, which wakes the blocked read).
 
 from __future__ import annotations
 
-import collections
-import itertools
 import logging
 import multiprocessing.connection as mpc
 import os
@@ -27,7 +25,7 @@ import time
 
 from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.transport import handshake
-from jaxcolo.transport.interrupts import CRITICAL
+from jaxcolo.transport.writer import FrameWriter, SendDeadline
 
 log = logging.getLogger("jaxcolo.transport")
 
@@ -38,9 +36,6 @@ MAX_FRAME = 64 << 20
 READ_STEP = 1 << 20
 _LENGTH = struct.Struct("!i")
 _LENGTH64 = struct.Struct("!Q")
-_SMALL = 1 << 14  # a frame up to this size goes with its length in one buffer
-_IOV_MAX = 512    # buffers per sendmsg (the system's limit is 1024)
-_POLL_STEP_MS = 1000  # a blocked writer checks for close() this often
 # Seconds a receiver expecting a frame soon polls without sleeping before it
 # blocks (saves a scheduler wake-up per message); JAXCOLO_SPIN overrides.
 SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
@@ -104,41 +99,6 @@ class FrameTooLarge(ExecutorError):
     """A frame over MAX_FRAME bytes was not sent (the channel is intact)."""
 
 
-def seconds_until(deadline: float) -> float:
-    """Seconds from now to ``deadline`` (time.monotonic()), as a timeout
-    for locks, events and polls: at least 0, at most threading.TIMEOUT_MAX
-    (a huge finite timeout is allowed, and must not overflow)."""
-    return min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX)
-
-
-class SendDeadline(ExecutorError):
-    """A send did not complete by its deadline.  ``started``: False when
-    nothing was sent; True when the message was partly written and a thread
-    sends the rest (it arrives unless the connection is lost)."""
-
-    def __init__(self, message: str, started: bool):
-        super().__init__(message)
-        self.started = started
-
-
-def _framed(frames) -> collections.deque:
-    """The buffers that send ``frames``: a length before each (the framing
-    of multiprocessing.connection, which the reader follows)."""
-    out = collections.deque()
-    for frame in frames:
-        if isinstance(frame, bytes):
-            n = len(frame)
-        else:
-            frame = memoryview(frame).cast("B")
-            n = frame.nbytes
-        if n <= _SMALL:  # one buffer: one small write
-            out.append(_LENGTH.pack(n) + frame)
-        else:
-            out.append(_LENGTH.pack(n))
-            out.append(frame)
-    return out
-
-
 def _check_sizes(frames) -> None:
     for frame in frames:
         n = len(frame) if not isinstance(frame, memoryview) else frame.nbytes
@@ -184,11 +144,10 @@ class Channel:
         self._conn = conn
         self.peer = peer
         self.version = version
-        self._send_lock = threading.Lock()
+        self._writer = FrameWriter(sock, lambda: self.closed, self.close)
+        self._send_lock = self._writer.lock
         self._poll = select.poll()
         self._poll.register(conn.fileno(), select.POLLIN | select.POLLPRI)
-        self._wpoll = select.poll()  # (the send lock's holder) room to write
-        self._wpoll.register(sock.fileno(), select.POLLOUT)
         self.closed = False
         self.frame_timeout = FRAME_TIMEOUT
         self._frame_started = 0.0  # monotonic start of a frame being read
@@ -288,101 +247,9 @@ class Channel:
                     finish: bool = True) -> None:
         """Send frames with nothing in between (a message and the
         out-of-band buffers that follow it): all, or (FrameTooLarge)
-        none.  ExecutorError if the connection is lost.
-
-        ``deadline`` (time.monotonic(); None: none): a send still waiting
-        for the connection then (another send holds it) raises SendDeadline
-        with nothing sent; one still writing (the peer reads slowly, or
-        not at all) raises SendDeadline(started=True), and a thread writes
-        the rest -- with ``finish=False``, only a send that has not begun
-        by then gives up.  Frames are never interleaved or left half-sent:
-        the thread holds the connection until done, or until the
-        connection is lost (it is then closed)."""
+        none; past ``deadline`` see FrameWriter.send_frames."""
         _check_sizes(frames)
-        lock = self._send_lock
-        if deadline is None:
-            lock.acquire()
-        elif not lock.acquire(timeout=seconds_until(deadline)):
-            raise SendDeadline("the connection was busy with another send "
-                               "until the deadline", started=False)
-        handed = False
-        try:
-            with CRITICAL:  # Ctrl-C: after the frames are out
-                bufs = _framed(frames)
-                first = bufs[0]
-                pending = self._write(bufs, deadline if finish else None)
-                if pending and pending[0] is first:  # not a byte went out
-                    raise SendDeadline("the peer was not reading (earlier "
-                                       "messages filled the connection) "
-                                       "until the deadline", started=False)
-                if pending:
-                    self._finish_later(pending)
-                    handed = True
-        except (OSError, ValueError) as e:
-            raise ExecutorError(f"connection lost: {e}") from None
-        finally:
-            if not handed:
-                lock.release()
-        if handed:
-            raise SendDeadline("the peer did not take the whole message by "
-                               "the deadline; the rest of it is sent in the "
-                               "background", started=True)
-
-    def _write(self, pending: collections.deque, deadline: float | None):
-        """Write the buffers of ``pending`` (the send lock is held);
-        returns what is left at ``deadline`` (empty when all went)."""
-        sock = self._sock
-        while pending:
-            try:
-                if len(pending) == 1:
-                    n = sock.send(pending[0], socket.MSG_DONTWAIT)
-                else:
-                    n = sock.sendmsg(itertools.islice(pending, _IOV_MAX), (),
-                                     socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                n = 0
-            while n:
-                head = pending[0]
-                if n >= len(head):
-                    n -= len(head)
-                    pending.popleft()
-                else:
-                    pending[0] = memoryview(head)[n:]
-                    n = 0
-            if not pending:
-                break
-            if self.closed:  # (its fd number may be another file's now)
-                raise OSError("the connection was closed")
-            if deadline is None:
-                wait = _POLL_STEP_MS  # then look at ``closed`` again
-            else:
-                wait = seconds_until(deadline)
-                if not wait:
-                    return pending
-                wait = min(max(1, int(wait * 1000)), _POLL_STEP_MS)
-            events = self._wpoll.poll(wait)
-            if events and events[0][1] & select.POLLNVAL:
-                raise OSError("the connection was closed")
-        return pending
-
-    def _finish_later(self, pending: collections.deque) -> None:
-        """A thread writes ``pending`` and then releases the send lock,
-        which it now holds (a later send waits for the frames already
-        begun); a failed write closes the connection."""
-        def finish():
-            try:
-                self._write(pending, None)
-            except (OSError, ValueError) as e:
-                if not self.closed:
-                    log.warning("the rest of a message sent on after its "
-                                "deadline could not be sent (%s): closing "
-                                "the connection", e)
-                    self.close()
-            finally:
-                pending.clear()
-                self._send_lock.release()
-        threading.Thread(target=finish, daemon=True,
-                         name="jaxcolo-send-rest").start()
+        self._writer.send_frames(frames, deadline, finish=finish)
 
     def recv_buffer(self, size: int, chunk: int):
         """Read ``size`` bytes sent as frames of at most ``chunk`` bytes
