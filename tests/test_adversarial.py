@@ -966,3 +966,87 @@ def test_readers_refuse_namedtuples_of_another_kind_here():
     with pytest.raises(jaxcolo.PayloadError, match=r"_PlainNT_' is a plain "
                        r"namedtuple here.* at \$\.structure\.node_data\[0\]"):
         jaxcolo.deserialize(_reseal(plain, body=body))
+
+
+@dataclasses.dataclass
+class _DataNode:
+    x: object
+    y: object
+    s: object = dataclasses.field(metadata=dict(static=True), default=0)
+
+
+jax.tree_util.register_dataclass(_DataNode)
+export.register_pytree_node_serialization(
+    _DataNode, serialized_name="tests.adversarial.DataNode",
+    serialize_auxdata=lambda a: repr(a).encode(),
+    deserialize_auxdata=lambda b: ast.literal_eval(b.decode()))
+
+
+class _Opaque:
+    def __init__(self, tag):
+        self.tag = tag
+
+
+jax.tree_util.register_pytree_node(
+    _Opaque, lambda o: ((), o.tag), lambda a, ch: _Opaque(a))
+export.register_pytree_node_serialization(
+    _Opaque, serialized_name="tests.adversarial.OpaqueNo",
+    serialize_auxdata=lambda a: repr(a).encode(),
+    deserialize_auxdata=lambda b: ast.literal_eval(b.decode()))
+
+
+class _DataNT(typing.NamedTuple):
+    x: object
+    m: int
+
+
+jax.tree_util.register_dataclass(_DataNT, data_fields=["x"],
+                                 meta_fields=["m"])
+export.register_pytree_node_serialization(
+    _DataNT, serialized_name="tests.adversarial.DataNT",
+    serialize_auxdata=lambda a: repr(a).encode(),
+    deserialize_auxdata=lambda b: ast.literal_eval(b.decode()))
+
+
+def test_dataclass_nodes_with_other_fields_are_refused():
+    """jaxlib indexes a dataclass node's auxdata and children by its field
+    counts unchecked: a payload naming a dataclass type with other auxdata
+    or children crashed the process (SIGSEGV) on unflatten."""
+    leaf = jax.ShapeDtypeStruct((2,), np.float32)
+    good = _DataNode(leaf, None, 3)
+    assert jaxcolo.deserialize(jaxcolo.serialize([good])) == [good]
+    for aux in ("'z'", "(1, 2)", "()"):
+        data = jaxcolo.serialize([_Opaque(ast.literal_eval(aux))],
+                                 compress=False)
+        evil = _reseal(data, data[16:].replace(b"tests.adversarial.OpaqueNo",
+                                               b"tests.adversarial.DataNode"))
+        with pytest.raises(jaxcolo.PayloadError, match=r"dataclass node "
+                           r"'tests.adversarial.DataNode' has 2 data and 1 "
+                           r"meta fields, the payload has 0 children"):
+            jaxcolo.deserialize(evil)
+
+
+def test_namedtuples_registered_as_dataclasses_are_refused():
+    """A namedtuple registered with register_dataclass was written as a
+    custom node, which the reader rebuilt as one (jaxlib's node kinds then
+    disagree: SIGSEGV on unflatten)."""
+    with pytest.raises(jaxcolo.EncodeError, match="register_dataclass: not "
+                                                  "supported"):
+        jaxcolo.serialize([_DataNT(jax.ShapeDtypeStruct((), np.int8), 1)])
+
+
+def test_a_header_below_8_with_namedtuple_custom_nodes_is_refused():
+    """A v8 feature under a header claiming reader 7 (forged, corrupt)
+    was read, and check called it readable by 7, whose readers rebuild
+    such nodes as plain namedtuples."""
+    a = jax.ShapeDtypeStruct((1,), np.float32)
+    for obj, where in (([corpus.Swapped(a, None)], r"\$\.structure"),
+                       (jax.tree_util.tree_structure(corpus.Tagged(1, "t")),
+                        r"\$\.treedefs\[0\]")):
+        data = jaxcolo.serialize(obj)
+        forged = _reseal(data, min_reader=7)
+        with pytest.raises(jaxcolo.PayloadError, match=r"namedtuple_custom_"
+                           r"node needs reader version >= 8, but the header "
+                           r"declares min_reader_version 7 - at " + where):
+            jaxcolo.deserialize(forged)
+        assert not check_readable(forged, 7)[0]

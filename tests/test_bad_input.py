@@ -282,7 +282,7 @@ def test_a_message_and_its_program_share_the_inflation_budget():
     # the worker decodes a registered program after its message: the
     # program's nested specs still count against the message's budget
     from jaxcolo.colocated.program import ProgramRef
-    from jaxcolo.process import messages, worker
+    from jaxcolo.process import main_types, messages
     program = _program_around(_zeros_spec_payload(32 << 20))
     frame = messages.encode(messages.Message(
         fb.MessageKind.register, program_id=ProgramRef.of(program).id,
@@ -292,7 +292,7 @@ def test_a_message_and_its_program_share_the_inflation_budget():
 
     def decode():
         with pytest.raises(jaxcolo.PayloadError, match="nested in this one"):
-            worker._decode_importing(m.program, m.inflation)
+            main_types.decode_importing(m.program, m.inflation)
     assert _peak_while(decode) < 16 << 20  # inflating 32 MiB: refused
 
 

@@ -316,18 +316,31 @@ with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
         lambda p: Other(p.u, p.v + 1) if type(p) is Other else None)
     back = same(Other(x, x))  # the body's own class reaches the function
     print("same", type(back) is Other, int(back.v))
+    named = jaxcolo.colocated_python(  # Pair: made for `add` before
+        lambda p: p.a + (1 if type(p) is Pair else 100))
+    print("named", int(named(Pair(x, x))))
+    nested = jaxcolo.colocated_python(  # Pair only inside nested code
+        lambda p: jax.tree.map(lambda v: v, (lambda: Pair(p.a, p.b))()))
+    print("nested", type(nested(Pair(x, x))) is Pair)
+    Pair = collections.namedtuple("Pair", "u v w")  # redefined
+    three = jaxcolo.colocated_python(lambda p: Pair(p.u, p.v, p.w + 1))
+    print("redefined", int(three(Pair(x, x, x)).w))
 '''
 
 
 def test_a_scripts_namedtuples_work_on_workers(tmp_path):
     """Namedtuples defined in the user's script (``__main__``) in inputs
     and outputs, as in JAX: a worker resolves ``__main__:Name`` to the
-    class the body carries, or one made from the payload's fields (it
-    looked in its own ``__main__`` and refused them)."""
+    class the body carries (also named only in nested code, also after a
+    program that did not carry it, also redefined with other fields), or
+    one made from the payload's fields (it looked in its own ``__main__``
+    and refused them)."""
     script = tmp_path / "script.py"
     script.write_text(_SCRIPT_TYPES)
     out = subprocess.run([sys.executable, str(script)], capture_output=True,
                          text=True, timeout=240,
                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:3] == ["in 2", "out True 2", "same True 2"]
+    assert out.stdout.split("\n")[:6] == [
+        "in 2", "out True 2", "same True 2", "named 2", "nested True",
+        "redefined 2"]

@@ -1061,3 +1061,19 @@ def test_hung_worker_is_lost_after_lost_timeout(tmp_path):
                 os.kill(pid, signal.SIGCONT)
             assert int(f(x)) == 1  # on the restarted worker
         assert ex.worker_pids()[0] != pid
+
+
+def test_an_exception_text_utf8_cannot_hold_comes_back(one_host):
+    """A function raising with a lone surrogate in its text: the worker
+    could not encode its error reply, and the call waited for its
+    timeout."""
+    def bad(v):
+        raise ValueError("bad \ud800 text")
+    f = jaxcolo.colocated_python(bad)
+    with jaxcolo.use_executor(one_host):
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match="bad"):
+            with one_host.timeout(30.0):
+                f(put(np.int32(1), cpu_devices()[0]))
+        assert time.monotonic() - t0 < 10
+        assert ok_call(one_host) == 42

@@ -40,12 +40,20 @@ def resolve_imported(name: str):
 # wrote them (a worker process: its controller's script's classes, see
 # jaxcolo.process.main_types); None: this process's own __main__.
 foreign_main = None
+# Lookups foreign_main answered: a decode that made any is not memoized
+# (which class a name stands for may change as programs arrive).
+_foreign = [0]
+
+
+def foreign_lookups() -> int:
+    return _foreign[0]
 
 
 def resolve_namedtuple(name: str, fields=None):
     """The class a reader finds for namedtuple ``name`` (with the
     payload's ``fields``), or None."""
     if foreign_main is not None and name.startswith("__main__:"):
+        _foreign[0] += 1
         return foreign_main.resolve(name, fields)
     return resolve_imported(name)
 
@@ -75,6 +83,23 @@ def is_custom_node(t) -> bool:
     return t in jtu._registry
 
 
+def dataclass_fields(t):
+    """(data_fields, meta_fields) of a type registered with
+    jax.tree_util.register_dataclass (jaxlib's dataclass node, which indexes
+    its auxdata and children by those counts unchecked), else None."""
+    entry = jtu._registry.get(t)
+    flatten = getattr(entry, "to_iter", None)
+    if getattr(flatten, "__qualname__", "") != \
+            "register_dataclass.<locals>.flatten_func":
+        return None
+    cells = dict(zip(flatten.__code__.co_freevars, flatten.__closure__ or ()))
+    try:
+        return (tuple(cells["data_fields"].cell_contents),
+                tuple(cells["meta_fields"].cell_contents))
+    except (KeyError, ValueError):  # JAX changed: treat it as opaque
+        return None
+
+
 def plain_namedtuple(t) -> bool:
     """Whether JAX flattens ``t`` as a namedtuple node (all fields, no
     auxdata)."""
@@ -84,6 +109,11 @@ def plain_namedtuple(t) -> bool:
 def custom_namedtuple_error(t, path):
     """None if custom-node namedtuple ``t`` can be written as a custom node,
     else the EncodeError saying why not."""
+    if dataclass_fields(t) is not None:
+        return EncodeError(
+            f"namedtuple {t.__qualname__} is registered with "
+            "jax.tree_util.register_dataclass: not supported in payloads "
+            "(register it with register_pytree_node)", path)
     reg = jexport.serialization_registry.get(t)
     if reg is None:
         return EncodeError(

@@ -23,9 +23,9 @@ from jaxcolo_fb import LeafKind
 from jaxcolo_fb import NodeKind
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
-    found_by_name, is_custom_node, is_namedtuple, plain_namedtuple, \
-    qualified, registered_factory, resolve_namedtuple
-from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
+    found_by_name, is_namedtuple, plain_namedtuple, qualified
+from jaxcolo.codec.node_data import node_spec, type_name
+from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
 
@@ -291,8 +291,10 @@ def _build_node_data(builder, d) -> int:
 
 # ------------------------------------------------------------------ decode
 
-def decode_treedef(t, path: str):
-    """Rebuild a PyTreeDef from its table, checking every count and key."""
+def decode_treedef(t, path: str, reader=None):
+    """Rebuild a PyTreeDef from its table, checking every count and key
+    (and, given the payload's ``reader``, that its header declares the
+    reader version the tree's features need)."""
     kinds = t.bytes(L.kinds, path, "kinds") or b""
     arities = t.ints(L.arities, "u32", path, "arities")
     data_pos = t.tables(L.node_data, path, "node_data")
@@ -309,12 +311,14 @@ def decode_treedef(t, path: str):
             f"{path}.kinds")
     if state.a != len(arities) or state.d != len(data_pos):
         raise PayloadError("arities/node_data not fully consumed", path)
+    if state.custom_namedtuples and reader is not None:
+        reader.check_declared("namedtuple_custom_node", path)
     return td
 
 
 class _DecodeState:
     __slots__ = ("buf", "kinds", "arities", "data_pos", "path", "k", "a", "d",
-                 "specs", "copies", "budget")
+                 "specs", "copies", "budget", "custom_namedtuples")
 
     def __init__(self, buf, kinds, arities, data_pos, path):
         self.buf = buf
@@ -330,6 +334,7 @@ class _DecodeState:
         # node copies made so far, and what is left of the buffer's budget
         # (shared by its trees) when this one started
         self.copies = 0
+        self.custom_namedtuples = False  # a v8 feature was read
         self.budget = buf.memo.get("pytree_copies")
         if self.budget is None:
             self.budget = buf.memo["pytree_copies"] = [copy_budget(buf.size)]
@@ -369,7 +374,7 @@ class _DecodeState:
             spec = self.specs.get(key)
             if spec is None:
                 data = self.buf.table_at(self.data_pos[self.d], dpath)
-                spec = self.specs[key] = _node_spec(kind, data, n, dpath)
+                spec = self.specs[key] = node_spec(kind, data, n, dpath)
             self.d += 1
         children = []
         for _ in range(n):
@@ -377,6 +382,7 @@ class _DecodeState:
         make = _make
         if kind == NodeKind.custom and is_namedtuple(spec[0]):
             self.copies += STATE_COST * sum(c.num_nodes for c in children)
+            self.custom_namedtuples = True
             make = _make_custom_node
         if self.copies > self.budget[0]:
             raise PayloadError(
@@ -390,98 +396,8 @@ class _DecodeState:
         try:
             return make(_REGISTRY, spec, children)
         except Exception as e:  # a registered node's constructor refused
-            raise PayloadError(f"cannot rebuild node {_type_name(spec[0])}: "
+            raise PayloadError(f"cannot rebuild node {type_name(spec[0])}: "
                                f"{e}", dpath) from None
-
-
-def _read_keys(t, n, path, *, need_sorted):
-    key_kind = t.scalar(LD.key_kind, "u8", 0, path, "key_kind")
-    if key_kind == KeyKind.str:
-        keys = t.strings(LD.str_keys, path, "str_keys")
-    elif key_kind == KeyKind.int:
-        keys = list(t.ints(LD.int_keys, "i64", path, "int_keys"))
-    elif key_kind == KeyKind.none:
-        keys = []
-    else:
-        raise PayloadError(f"unknown KeyKind value {key_kind}",
-                           f"{path}.key_kind")
-    if len(keys) != n:
-        raise PayloadError(f"{len(keys)} keys for {n} children", path)
-    if len(set(keys)) != n:
-        raise PayloadError("duplicate dict keys", path)
-    if need_sorted and keys != sorted(keys):
-        raise PayloadError("dict keys are not in sorted order", path)
-    return keys
-
-
-def _type_name(t) -> str:
-    return repr(getattr(t, "__qualname__", t))
-
-
-def _node_spec(kind, t, n, path):
-    """(node type, node data) of a node with ``n`` children whose data
-    is table ``t``."""
-    if kind == NodeKind.dict:
-        return dict, _read_keys(t, n, path, need_sorted=True)
-    if kind == NodeKind.ordered_dict:
-        keys = _read_keys(t, n, path, need_sorted=False)
-        return collections.OrderedDict, tuple(keys)
-    if kind == NodeKind.default_dict:
-        keys = _read_keys(t, n, path, need_sorted=True)
-        fname = t.string(LD.name, path, "name") or ""
-        factory = None
-        if fname:
-            factory = registered_factory(fname)
-            if factory is None:
-                raise PayloadError(
-                    f"defaultdict default_factory {fname[:200]!r} is not "
-                    "registered here (jaxcolo.register_default_factory)",
-                    f"{path}.name")
-        return collections.defaultdict, (factory, tuple(keys))
-    name = t.string(LD.name, path, "name")
-    if not name:
-        raise PayloadError("node type name missing", f"{path}.name")
-    if kind == NodeKind.namedtuple:
-        fields = tuple(t.strings(LD.fields, path, "fields"))
-        nt = _lookup_namedtuple(name, path, fields)
-        if is_custom_node(nt):  # rebuilt as such, with no auxdata
-            raise PayloadError(
-                f"namedtuple {name!r} is a custom pytree node here, the "
-                "payload has a plain namedtuple node", f"{path}.name")
-        if nt._fields != fields or len(fields) != n:
-            raise PayloadError(
-                f"namedtuple {name!r} has fields {nt._fields}, the payload "
-                f"has {fields} with {n} children", f"{path}.fields")
-        return nt, None
-    # custom
-    reg = jexport.deserialization_registry.get(name)
-    if reg is None:
-        raise UnregisteredError(
-            f"pytree node type {name!r} is not registered here (use "
-            "jax.export.register_pytree_node_serialization)", f"{path}.name")
-    nodetype, deser, _ = reg
-    if is_namedtuple(nodetype) and not is_custom_node(nodetype):
-        raise PayloadError(
-            f"{name!r} is a plain namedtuple here (no pytree registration), "
-            "the payload has a custom node", f"{path}.name")
-    blob = t.bytes(LD.auxdata, path, "auxdata") or b""
-    try:
-        aux = deser(blob)
-    except Exception as e:
-        raise PayloadError(f"auxdata of {name!r} could not be decoded: {e!r}",
-                           f"{path}.auxdata") from None
-    return nodetype, aux
-
-
-def _lookup_namedtuple(name, path, fields):
-    reg = jexport.deserialization_registry.get(name)
-    nt = reg[0] if reg is not None else resolve_namedtuple(name, fields)
-    if not is_namedtuple(nt):
-        raise UnregisteredError(
-            f"namedtuple type {name!r} is neither registered (jax.export."
-            "register_namedtuple_serialization) nor defined in an imported "
-            "module", f"{path}.name")
-    return nt
 
 
 # A PyTreeDef as a leaf of a spec tree.
@@ -491,7 +407,7 @@ def _build_treedef_entry(writer, builder, flat):
 
 
 def _decode_treedef_entry(reader, t, path):
-    return decode_treedef(t, path)
+    return decode_treedef(t, path, reader)
 
 
 def _intern_treedef(writer, td, path):

@@ -15,7 +15,7 @@ import jaxcolo_fb as fb
 from jaxcolo_fb import LeafKind
 from jaxcolo_fb import RootKind
 from jaxcolo import envelope, versions
-from jaxcolo.codec import core, memo
+from jaxcolo.codec import core, memo, names
 from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
 from jaxcolo.codec.mesh import make_resolver
 from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
@@ -285,10 +285,11 @@ def decode_spec_tree(data, device_resolver=None, header=None):
     header, buf, root = open_spec_tree(data, header=header)
     reader = core.Reader(buf, root, L, make_resolver(device_resolver),
                          declared_min_reader=header.min_reader_version)
+    foreign = names.foreign_lookups()
     structure, leaves = decode_leaves(reader)
     obj = _unflatten(structure, leaves)
-    if device_resolver is None and not root.vector_length(
-            L.scopes, 4, "$", "scopes"):
+    if device_resolver is None and names.foreign_lookups() == foreign and \
+            not root.vector_length(L.scopes, 4, "$", "scopes"):
         memo.remember_decoded(data, structure, leaves)
     return obj
 
@@ -312,7 +313,7 @@ def decode_leaves(reader: core.Reader):
     st = root.table(L.structure, "$", "structure")
     if st is None:
         raise PayloadError("structure missing", "$.structure")
-    structure = decode_treedef(st, "$.structure")
+    structure = decode_treedef(st, "$.structure", reader)
     kinds = root.bytes(L.leaf_kinds, "$", "leaf_kinds") or b""
     refs = root.ints(L.leaf_refs, "u32", "$", "leaf_refs")
     n = structure.num_leaves

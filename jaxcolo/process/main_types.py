@@ -12,7 +12,12 @@ a namespace of its own (:data:`NAMESPACE`, installed as
 * else (a function that takes such values without naming their type) a
   namedtuple made from the payload's name and fields, once per name and
   fields (made only while :meth:`MainTypes.making` is active: the worker
-  tries the body's classes first; found later as well).
+  looks at the program's body first, and again when a program decoded
+  with made classes, :meth:`MainTypes.watching`).
+
+Classes are looked up by name and fields, so a script that redefines a
+class gets the new one for its new programs.  :func:`decode_importing` is
+how a worker decodes a program it is sent.
 
 Writing, a worker names a ``__main__`` namedtuple by its name: the
 controller reads it as its own script's class of that name.  The namespace
@@ -27,8 +32,11 @@ import keyword
 import threading
 import types
 
+from jaxcolo import envelope
 from jaxcolo.codec.names import is_namedtuple
-from jaxcolo.errors import PayloadError
+from jaxcolo.colocated.body import loads_body
+from jaxcolo.colocated.program import decode_program, read_program
+from jaxcolo.errors import PayloadError, UnregisteredError
 
 MAX_TYPES = 1024
 _WALK_LIMIT = 4096  # objects looked at per body
@@ -36,14 +44,16 @@ _WALK_LIMIT = 4096  # objects looked at per body
 
 class MainTypes:
     def __init__(self):
-        self._types: dict = {}
+        self._collected: dict = {}  # (name, fields) -> a body's class
+        self._made: dict = {}       # (name, fields) -> a namedtuple made here
         self._lock = threading.Lock()
-        self._making = threading.local()
+        self._local = threading.local()
 
     def collect(self, obj) -> None:
         """Remember the ``__main__`` namedtuples ``obj`` (a loaded body:
-        a function, a class, a tuple of them) refers to: through globals,
-        closures, defaults, bases and attributes, a bounded walk."""
+        a function, a class, a tuple of them) refers to: through globals
+        (of nested code too), closures, defaults, bases and attributes, a
+        bounded walk."""
         seen, stack, found = set(), [obj], []
         while stack and len(seen) < _WALK_LIMIT:
             x = stack.pop()
@@ -51,57 +61,85 @@ class MainTypes:
                 continue
             seen.add(id(x))
             if isinstance(x, type):
-                if is_namedtuple(x) and x.__module__ == "__main__":
-                    found.append(x)
                 if x.__module__ == "__main__":
+                    if is_namedtuple(x):
+                        found.append(x)
                     stack.extend(vars(x).values())
             elif isinstance(x, types.FunctionType):
                 if x.__module__ == "__main__" or "<locals>" in x.__qualname__ \
                         or x.__name__ == "<lambda>":
-                    code = x.__code__
                     g = x.__globals__
-                    stack.extend(g[n] for n in code.co_names if n in g)
+                    stack.extend(g[n] for n in _names(x.__code__) if n in g)
                     stack.extend(c.cell_contents for c in x.__closure__ or ()
                                  if _cell_set(c))
                     stack.extend(x.__defaults__ or ())
             elif isinstance(x, (tuple, list)):
                 stack.extend(x)
-            elif isinstance(x, types.MethodType):
-                stack.append(x.__func__)
-            elif isinstance(x, (classmethod, staticmethod)):
+            elif isinstance(x, (types.MethodType, classmethod, staticmethod)):
                 stack.append(x.__func__)
         with self._lock:
             for t in found:
-                if len(self._types) < MAX_TYPES:
-                    self._types[f"__main__:{t.__qualname__}"] = t
+                if len(self._collected) < MAX_TYPES:
+                    self._collected[(f"__main__:{t.__qualname__}",
+                                     tuple(t._fields))] = t
 
     @contextlib.contextmanager
     def making(self):
         """While active (this thread), unknown names get a namedtuple made
         from the payload's fields."""
-        self._making.on = True
+        self._local.making = True
         try:
             yield
         finally:
-            self._making.on = False
+            self._local.making = False
+
+    @contextlib.contextmanager
+    def watching(self):
+        """Yields a list that gets an entry each time a lookup in the
+        block (this thread) answers with a namedtuple made here, not a
+        body's class."""
+        used: list = []
+        previous = getattr(self._local, "used", None)
+        self._local.used = used
+        try:
+            yield used
+        finally:
+            self._local.used = previous
 
     def resolve(self, name: str, fields=None):
-        """The class ``name`` ("__main__:Qualname") stands for, or None."""
+        """The class ``name`` ("__main__:Qualname") with ``fields`` stands
+        for: a body's class, else one made here, or None."""
+        if fields is None:
+            return None
+        key = (name, tuple(fields))
         with self._lock:
-            t = self._types.get(name)
-            if t is not None or fields is None:
+            t = self._collected.get(key)
+            if t is not None:
                 return t
-            key = (name, tuple(fields))
-            t = self._types.get(key)  # made before
-            if t is None and getattr(self._making, "on", False):
+            t = self._made.get(key)
+            if t is None and getattr(self._local, "making", False):
                 t = _make_namedtuple(name, key[1])
-                if len(self._types) < MAX_TYPES:
-                    self._types[key] = t
-            return t
+                if len(self._made) < MAX_TYPES:
+                    self._made[key] = t
+        used = getattr(self._local, "used", None)
+        if t is not None and used is not None:
+            used.append(name)
+        return t
 
     def clear(self) -> None:
         with self._lock:
-            self._types.clear()
+            self._collected.clear()
+            self._made.clear()
+
+
+def _names(code) -> set:
+    """The global names ``code`` and the code nested in it use."""
+    out, stack = set(), [code]
+    while stack:
+        c = stack.pop()
+        out.update(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return out
 
 
 def _cell_set(cell) -> bool:
@@ -134,3 +172,39 @@ def install() -> None:
     """Resolve ``__main__:`` names in :data:`NAMESPACE` (a worker)."""
     from jaxcolo.codec import names
     names.foreign_main = NAMESPACE
+
+
+def decode_importing(payload: bytes, inflation=None):
+    """decode_program; when its specs name a namedtuple or registered
+    pytree node this process has not seen yet, once more after unpickling
+    the body, which imports the modules it refers to (where the type is
+    defined, or registered) and carries the classes of the controller's
+    script (see above); then, for those it does not carry, with
+    namedtuples made from the payload.  The body is the program's own
+    code, which this worker runs anyway; loaded here only to import, then
+    dropped.  ``inflation``: the budget of the message that carried the
+    program (each attempt starts from what was left of it)."""
+    start = inflation.copy() if inflation is not None else None
+    names = NAMESPACE
+    try:
+        with envelope.inflation_scope(inflation), names.watching() as made:
+            prog = decode_program(payload)
+        if not made:
+            return prog
+        first = None  # made classes: the body may carry the script's own
+    except UnregisteredError as e:
+        first = e
+    try:
+        with envelope.inflation_scope(start and start.copy()):
+            body = read_program(payload).body
+        names.collect(loads_body(body))
+    except Exception:  # noqa: BLE001 - the first error says more
+        if first is None:
+            return prog
+        raise first from None
+    try:
+        with envelope.inflation_scope(start and start.copy()):
+            return decode_program(payload)
+    except UnregisteredError:  # a script's namedtuple the body does
+        with envelope.inflation_scope(start), names.making():  # not name
+            return decode_program(payload)

@@ -232,6 +232,8 @@ def error_message(call_id: int, e: BaseException, where: str) -> Message:
 
 
 def _clip(text: str) -> str:
+    """``text`` as UTF-8 can carry it (lone surrogates escaped), clipped."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) <= MAX_ERROR_TEXT:
         return text
     half = MAX_ERROR_TEXT // 2

@@ -36,11 +36,9 @@ import threading
 import time
 
 from jaxcolo_fb import BufferWhere, MessageKind as K
-from jaxcolo import envelope
-from jaxcolo.colocated.body import loads_body
 from jaxcolo.colocated.inline import InlineExecutor
-from jaxcolo.colocated.program import ProgramRef, decode_program, read_program
-from jaxcolo.errors import ExecutorError, PayloadError, UnregisteredError
+from jaxcolo.colocated.program import ProgramRef
+from jaxcolo.errors import EncodeError, ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
 from jaxcolo.process import main_types
 from jaxcolo.process.lanes import HoldingGate, LaneRunner
@@ -61,34 +59,6 @@ class _Program:
         self.error = None
         self.decoded = None
         self.in_layouts = None
-
-
-def _decode_importing(payload: bytes, inflation=None):
-    """decode_program; when its specs name a namedtuple or registered
-    pytree node this process has not seen yet, once more after unpickling
-    the body, which imports the modules it refers to (where the type is
-    defined, or registered).  The body is the program's own code, which
-    this worker runs anyway; loaded here only to import, then dropped.
-    ``inflation``: the budget of the message that carried the program
-    (each attempt starts from what was left of it)."""
-    start = inflation.copy() if inflation is not None else None
-    try:
-        with envelope.inflation_scope(inflation):
-            return decode_program(payload)
-    except UnregisteredError as first:
-        try:
-            with envelope.inflation_scope(start and start.copy()):
-                body = read_program(payload).body
-            main_types.NAMESPACE.collect(loads_body(body))
-        except Exception:  # noqa: BLE001 - the first error says more
-            raise first from None
-        try:
-            with envelope.inflation_scope(start and start.copy()):
-                return decode_program(payload)
-        except UnregisteredError:  # a script's namedtuple the body does
-            with envelope.inflation_scope(start), \
-                    main_types.NAMESPACE.making():  # not name: made here
-                return decode_program(payload)
 
 
 def _reason(e: BaseException) -> str:
@@ -160,8 +130,8 @@ class Session:
         try:
             self._send(m, frames)
             return
-        except channel_mod.FrameTooLarge as e:
-            if packer is not None:
+        except (channel_mod.FrameTooLarge, EncodeError) as e:
+            if packer is not None:  # (too large, or not encodable)
                 packer.abandon()
             error = ExecutorError(f"{self.where} could not send the reply: "
                                   f"{e}")
@@ -342,7 +312,7 @@ class Session:
                                "content", "$.program_id")
         entry = _Program(ref)
         try:
-            prog = _decode_importing(ref.payload, m.inflation)
+            prog = main_types.decode_importing(ref.payload, m.inflation)
             entry.decoded = prog
             entry.in_layouts = [arrays.Layout(s, True)
                                 for s in prog.in_leaves]

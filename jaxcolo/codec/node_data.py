@@ -1,0 +1,131 @@
+"""A pytree node's data on the wire, read back: its type and auxdata.
+
+``node_spec`` turns a node's NodeData table into what jaxlib rebuilds the
+node from -- ``(type, auxdata)`` -- checking it against this process: dict
+keys (sorted, unique, as many as children), namedtuples found by name with
+the payload's fields, registered custom nodes with their auxdata decoded by
+the registered deserializer, and dataclass nodes with as many children and
+meta values as they have fields (jaxlib indexes them unchecked).
+"""
+
+from __future__ import annotations
+
+import collections
+
+from jax._src.export import _export as jexport
+
+import jaxcolo_fb as fb
+from jaxcolo_fb import KeyKind
+from jaxcolo_fb import NodeKind
+from jaxcolo.codec.names import dataclass_fields, is_custom_node, \
+    is_namedtuple, registered_factory, resolve_namedtuple
+from jaxcolo.errors import PayloadError, UnregisteredError
+from jaxcolo.wire import layout
+
+LD = layout(fb, "NodeData")
+
+
+def _read_keys(t, n, path, *, need_sorted):
+    key_kind = t.scalar(LD.key_kind, "u8", 0, path, "key_kind")
+    if key_kind == KeyKind.str:
+        keys = t.strings(LD.str_keys, path, "str_keys")
+    elif key_kind == KeyKind.int:
+        keys = list(t.ints(LD.int_keys, "i64", path, "int_keys"))
+    elif key_kind == KeyKind.none:
+        keys = []
+    else:
+        raise PayloadError(f"unknown KeyKind value {key_kind}",
+                           f"{path}.key_kind")
+    if len(keys) != n:
+        raise PayloadError(f"{len(keys)} keys for {n} children", path)
+    if len(set(keys)) != n:
+        raise PayloadError("duplicate dict keys", path)
+    if need_sorted and keys != sorted(keys):
+        raise PayloadError("dict keys are not in sorted order", path)
+    return keys
+
+
+def type_name(t) -> str:
+    return repr(getattr(t, "__qualname__", t))
+
+
+def node_spec(kind, t, n, path):
+    """(node type, node data) of a node with ``n`` children whose data
+    is table ``t``."""
+    if kind == NodeKind.dict:
+        return dict, _read_keys(t, n, path, need_sorted=True)
+    if kind == NodeKind.ordered_dict:
+        keys = _read_keys(t, n, path, need_sorted=False)
+        return collections.OrderedDict, tuple(keys)
+    if kind == NodeKind.default_dict:
+        keys = _read_keys(t, n, path, need_sorted=True)
+        fname = t.string(LD.name, path, "name") or ""
+        factory = None
+        if fname:
+            factory = registered_factory(fname)
+            if factory is None:
+                raise PayloadError(
+                    f"defaultdict default_factory {fname[:200]!r} is not "
+                    "registered here (jaxcolo.register_default_factory)",
+                    f"{path}.name")
+        return collections.defaultdict, (factory, tuple(keys))
+    name = t.string(LD.name, path, "name")
+    if not name:
+        raise PayloadError("node type name missing", f"{path}.name")
+    if kind == NodeKind.namedtuple:
+        fields = tuple(t.strings(LD.fields, path, "fields"))
+        nt = _lookup_namedtuple(name, path, fields)
+        if is_custom_node(nt):  # rebuilt as such, with no auxdata
+            raise PayloadError(
+                f"namedtuple {name!r} is a custom pytree node here, the "
+                "payload has a plain namedtuple node", f"{path}.name")
+        if nt._fields != fields or len(fields) != n:
+            raise PayloadError(
+                f"namedtuple {name!r} has fields {nt._fields}, the payload "
+                f"has {fields} with {n} children", f"{path}.fields")
+        return nt, None
+    # custom
+    reg = jexport.deserialization_registry.get(name)
+    if reg is None:
+        raise UnregisteredError(
+            f"pytree node type {name!r} is not registered here (use "
+            "jax.export.register_pytree_node_serialization)", f"{path}.name")
+    nodetype, deser, _ = reg
+    if is_namedtuple(nodetype) and not is_custom_node(nodetype):
+        raise PayloadError(
+            f"{name!r} is a plain namedtuple here (no pytree registration), "
+            "the payload has a custom node", f"{path}.name")
+    fields = dataclass_fields(nodetype)
+    if fields is not None and is_namedtuple(nodetype):
+        raise PayloadError(f"{name!r} is a namedtuple registered as a "
+                           "dataclass node: not supported", f"{path}.name")
+    blob = t.bytes(LD.auxdata, path, "auxdata") or b""
+    try:
+        aux = deser(blob)
+    except Exception as e:
+        raise PayloadError(f"auxdata of {name!r} could not be decoded: {e!r}",
+                           f"{path}.auxdata") from None
+    if fields is not None and (
+            type(aux) is not tuple or len(aux) != len(fields[1])
+            or n != len(fields[0])):  # jaxlib would read past them
+        raise PayloadError(
+            f"dataclass node {name!r} has {len(fields[0])} data and "
+            f"{len(fields[1])} meta fields, the payload has {n} children and "
+            f"auxdata {_short(aux)}", f"{path}.auxdata")
+    return nodetype, aux
+
+
+def _short(x) -> str:
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _lookup_namedtuple(name, path, fields):
+    reg = jexport.deserialization_registry.get(name)
+    nt = reg[0] if reg is not None else resolve_namedtuple(name, fields)
+    if not is_namedtuple(nt):
+        raise UnregisteredError(
+            f"namedtuple type {name!r} is neither registered (jax.export."
+            "register_namedtuple_serialization) nor defined in an imported "
+            "module", f"{path}.name")
+    return nt
