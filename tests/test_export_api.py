@@ -480,3 +480,17 @@ def test_overlapping_strings_count_against_the_read_budget():
     with pytest.raises(jaxcolo.PayloadError, match=r"strings decoded are out "
                        r"of proportion.* - at \$\.platforms\[\d+\]"):
         je.deserialize(bytes(base))
+
+
+def test_meshes_the_reader_refuses_are_not_written():
+    """An abstract mesh of more devices than the reader takes (2^24) was
+    written, then refused by jaxcolo.export.deserialize."""
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+    m = AbstractMesh((4096, 4097), ("a", "b"))
+    s = NamedSharding(m, P("a"))
+    exp = jax.export.export(jax.jit(lambda x: x, in_shardings=s,
+                                    out_shardings=s))(
+        jax.ShapeDtypeStruct((8192,), np.float32, sharding=s))
+    with pytest.raises(jaxcolo.EncodeError, match=r"make more than 16777216 "
+                       r"devices - at \$\.in_shardings\[0\]"):
+        je.serialize(exp)

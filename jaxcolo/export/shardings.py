@@ -10,6 +10,7 @@ Untrusted OpSharding protos only reach XLA through jaxcolo's strict checker
 
 from __future__ import annotations
 
+import math
 import struct
 
 from jax._src import mesh as jmesh
@@ -92,6 +93,9 @@ def encode_abstract_mesh(builder, mesh, row, path) -> int:
     if len(mesh.axis_names) > MAX_MESH_AXES:
         raise EncodeError(f"{len(mesh.axis_names)} mesh axes, more than "
                           f"{MAX_MESH_AXES}", path + ".axis_names")
+    if math.prod(mesh.axis_sizes) > MAX_MESH_DEVICES:  # as the reader
+        raise EncodeError(f"mesh axis sizes {mesh.axis_sizes} make more than "
+                          f"{MAX_MESH_DEVICES} devices", path + ".axis_sizes")
     try:
         sizes_off = builder.uint_vector(mesh.axis_sizes, 4)
     except struct.error:
