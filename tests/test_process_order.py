@@ -159,3 +159,66 @@ def test_a_timeout_covers_waiting_for_destroys_stuck_on_another_host():
         finally:
             os.kill(pid0, signal.SIGCONT)
         assert float(g(x7)[0]) == 1.0
+
+
+def _two_host_input(shape=(8, 8)):
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    mesh = Mesh(jax.devices(), ("x",))
+    return jax.device_put(jnp.zeros(shape, jnp.float32),
+                          NamedSharding(mesh, P("x")))
+
+
+def _log_order(log_file, tag):
+    def write(x):
+        with open(log_file, "a") as fh:
+            fh.write(f"{tag} {jax.process_index()}\n")
+        return x
+    return write
+
+
+def test_a_thread_waits_for_a_multi_host_call_failed_on_one_host(
+        hosts, tmp_path):
+    """A two-host call whose host 1 raises at once while host 0 still runs
+    it: the thread's next call, on host 1, starts after host 0 is done (the
+    error came back first, and the next call ran beside the earlier one)."""
+    log_file = str(tmp_path / "log")
+
+    def multi(x):
+        if jax.process_index() == 1:
+            raise ValueError("host 1 fails")
+        time.sleep(0.8)
+        return _log_order(log_file, "multi")(x)
+    fm = jaxcolo.colocated_python(multi).specialize(out_specs_fn=lambda x: x)
+    fs = jaxcolo.colocated_python(_log_order(log_file, "next")).specialize(
+        out_specs_fn=lambda x: x)
+    x7 = _on(7, jnp.ones(4))
+    fs(x7)
+    open(log_file, "w").close()
+    with pytest.raises(ValueError, match="host 1 fails"):
+        fm(_two_host_input())
+    fs(x7)
+    with open(log_file) as fh:
+        assert fh.read().split("\n")[:2] == ["multi 0", "next 1"]
+
+
+def test_a_multi_host_call_timed_out_mid_send_is_not_overtaken(tmp_path):
+    """A two-host call timed out while its 64 MiB input is still being
+    sent: the thread's next call, on host 1, runs after the earlier call's
+    part there (it went down host 1's connection first)."""
+    log_file = str(tmp_path / "log")
+    fm = jaxcolo.colocated_python(_log_order(log_file, "multi"))
+    fs = jaxcolo.colocated_python(_log_order(log_file, "next"))
+    big = _two_host_input((8, 2 << 20))
+    x7 = _on(7, jnp.ones(4))
+    with jaxcolo.ProcessExecutor(num_hosts=2, shm=False) as ex, \
+            jaxcolo.use_executor(ex):
+        fm(_two_host_input()), fs(x7)
+        open(log_file, "w").close()
+        with pytest.raises(ExecutorError, match="timed out"):
+            with ex.timeout(0.02):
+                fm(big)
+        fs(x7)
+        with open(log_file) as fh:
+            lines = fh.read().split()
+    assert lines.index("next") > max(
+        i for i, w in enumerate(lines) if w == "multi"), lines

@@ -323,6 +323,11 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         limit = None if timeout is None else (started + timeout, timeout)
         lane_id = self._lane(lane)
         call = Call(plan, discover, remote_errors.exception_from_reply)
+        if len(plan.hosts) > 1:  # (Future's own method: inline, any thread;
+            settle = lifetime.weak(self._check_settled)  # no cycle through
+            ref = weakref.ref(call)                      # the call)
+            Future.add_done_callback(
+                call.future, lambda _: ref() is not None and settle(ref()))
         destroys = self._destroys
         iid = plan.instance_id
         counted = False

@@ -194,6 +194,20 @@ class HostSet:
                     self._holding.add(call)
             self._watch_stragglers(call)
         self._settle_multi_host(call, sent=False)
+        self._check_settled(call)
+
+    def _check_settled(self, call: Call) -> None:
+        """Settle multi-host ``call`` (its thread's later calls may go,
+        ``Call.when_settled``) once it is done, every part was sent and no
+        part runs any more -- or, timed out, once every part was sent (a
+        timed-out call may still run; its thread does not wait for it)."""
+        with self._lock:
+            if call.settled or call.sending or not call.future.done():
+                return
+            if not call.timed_out and any(
+                    c in self._pending for c in call.call_ids):
+                return
+        call.settle()
 
     def _sent_multi_host(self, call: Call) -> None:
         """The send loop of multi-host ``call`` ended.  Sent to some of its
@@ -217,12 +231,16 @@ class HostSet:
                 self._mark_wedged(call, reason)
         if partial:
             log.warning("%s", reason)
+            with self._lock:
+                call.sending = False
             for _, link in running:
                 link.lost(reason)
+            self._check_settled(call)
             return
         if call.future.done():  # failed: parts still running may wait in
             self._watch_stragglers(call)  # collectives for the others
         self._settle_multi_host(call)
+        self._check_settled(call)
 
     def _settle_multi_host(self, call: Call, sent: bool = True) -> None:
         """Resume the hosts holding for ``call`` once every part of it was
@@ -339,6 +357,8 @@ class HostSet:
             call.fail(ExecutorError(
                 f"{link.describe} was lost while this call was in flight "
                 f"({reason}){where}; the call was not retried"))
+            if len(call.plan.hosts) > 1:  # (failed before, elsewhere)
+                self._check_settled(call)
         for other in lost:
             if other is not link:
                 other.discard()

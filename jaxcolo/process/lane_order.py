@@ -10,14 +10,17 @@ Contract: at any time a lane's calls in flight all run on one and the same
 set of hosts (their workers order them).  A call for that host set (or of a
 lane with nothing in flight) is sent at once by its caller; any other call
 is *deferred*, as is every call behind a deferred one.  Once the lane's
-calls in flight are all done (replied, failed or timed out), a thread sends
+calls in flight are all done (replied, failed or timed out; a multi-host
+call that failed on one host is done once no host runs it any more, and
+one that timed out once all its parts were sent: ``Call.when_settled``),
+a thread sends
 the deferred calls, oldest first, for as long as they are for the host set
 of the calls it sent (or those are done).  A deferred call keeps its
 deadline (it may time out while it waits; it is then not sent, and its
 arguments are let go), and ``close(error)`` fails the calls still deferred.
-A synchronous call of a lane with nothing in flight costs one dict lookup:
-it is sent at once and not counted (its thread waits for it before making
-another call).
+A synchronous single-host call of a lane with nothing in flight costs one
+dict lookup: it is sent at once and not counted (its thread waits for it
+before making another call).
 """
 
 from __future__ import annotations
@@ -64,11 +67,14 @@ class LaneOrder:
         """True: send ``call`` now (the caller does).  False: it was
         deferred, and will be sent (or failed) by this object.  ``sync``:
         the caller waits for this call's result before its next call, so a
-        call admitted at once is not counted."""
-        lane = self._lanes.get(lane_id)
-        if sync and (lane is None or lane.idle()):
-            return True  # (only this lane's own thread makes it busy)
+        single-host call admitted at once is not counted."""
         hosts = call.plan.hosts
+        # A multi-host call may still run on some hosts after its result
+        # (an error from another host): counted even when synchronous.
+        counted = not sync or len(hosts) > 1
+        lane = self._lanes.get(lane_id)
+        if not counted and (lane is None or lane.idle()):
+            return True  # (only this lane's own thread makes it busy)
         entry = None
         with self._lock:
             lane = self._lanes.get(lane_id)
@@ -78,7 +84,7 @@ class LaneOrder:
                 lane.unfinished and lane.hosts != hosts)
             if not wait:
                 lane.hosts = hosts
-                if not sync:
+                if counted:
                     lane.unfinished += 1
             elif self._closed is None:
                 entry = [call, args, lane_id, limit]
@@ -90,13 +96,12 @@ class LaneOrder:
         if wait:  # closed: it would never be sent
             call.fail(self._closed)
             return False
-        if not sync:
+        if counted:
             self._count(call, lane)
         return True
 
     def _count(self, call, lane: _Lane) -> None:
-        # Future's own method: runs inline in the thread completing it
-        Future.add_done_callback(call.future, lambda _: self._finished(lane))
+        call.when_settled(lambda: self._finished(lane))
 
     def _finished(self, lane: _Lane) -> None:
         with self._lock:

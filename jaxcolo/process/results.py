@@ -142,7 +142,8 @@ class Call:
     __slots__ = ("plan", "discover", "future", "call_ids", "links", "_parts",
                  "_remaining", "_lock", "_make_error", "_assembling", "held",
                  "abandoned", "sending", "sent_parts", "watched",
-                 "send_broken", "timed_out", "__weakref__")
+                 "send_broken", "timed_out", "settled", "_when_settled",
+                 "_settle_lock", "__weakref__")
 
     def __init__(self, plan: Plan, discover: bool, make_error):
         self.plan = plan
@@ -165,6 +166,36 @@ class Call:
         self.watched = False    # a straggler check is scheduled
         self.send_broken = False  # a part could not be sent
         self.timed_out = False    # failed at its deadline
+        self.settled = False      # multi-host: its thread may go on
+        self._when_settled: list = []
+        # (not _lock: the future completes under that, running settle)
+        self._settle_lock = threading.Lock()
+
+    def when_settled(self, fn) -> None:
+        """Call ``fn()`` once the call no longer holds up its thread's next
+        calls: when its future is done (single-host), or (multi-host) when
+        also every part was sent and none runs any more, unless it timed
+        out (see ``settle``)."""
+        if len(self.plan.hosts) == 1:
+            # Future's own method: runs inline in the thread completing it
+            Future.add_done_callback(self.future, lambda _: fn())
+            return
+        with self._settle_lock:
+            if not self.settled:
+                self._when_settled.append(fn)
+                return
+        fn()
+
+    def settle(self) -> None:
+        """(Multi-host; the executor decides when.)  Run the when_settled
+        hooks, once."""
+        with self._settle_lock:
+            if self.settled:
+                return
+            self.settled = True
+            hooks, self._when_settled = self._when_settled, []
+        for fn in hooks:
+            fn()
 
     def wait(self):
         return self.future.result()
