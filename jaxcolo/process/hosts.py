@@ -123,7 +123,7 @@ class HostLink:
     def send(self, m: messages.Message, frames=(),
              deadline: float | None = None) -> None:
         """Send ``m`` and the frames after it; past ``deadline`` see
-        Channel.send_frames (SendDeadline)."""
+        FrameWriter.send_frames (SendDeadline)."""
         data = messages.encode(m, self.version)
         self.channel.send_frames((data, *frames), deadline)
 
@@ -138,7 +138,7 @@ class HostLink:
             lock.acquire()
         elif not lock.acquire(timeout=seconds_until(deadline)):
             raise SendDeadline("another thread was registering programs "
-                                  "until the deadline", started=False)
+                               "until the deadline", started=False)
         try:
             if program.id not in self.registered:
                 try:
