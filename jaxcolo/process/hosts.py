@@ -33,7 +33,8 @@ from jaxcolo.process import arrays, messages
 from jaxcolo.process.results import executor_thread
 from jaxcolo.transport import blobs, channel as ch, handshake
 from jaxcolo.transport.interrupts import CRITICAL
-from jaxcolo.transport.writer import SendDeadline, seconds_until
+from jaxcolo.transport.writer import SendDeadline, acquire_until, \
+    seconds_until
 
 log = logging.getLogger("jaxcolo.executor")
 READ_POLL = 0.05    # seconds between checks of a reader's stop condition
@@ -134,9 +135,7 @@ class HostLink:
         if program.id in self.registered:
             return
         lock = self.register_lock
-        if deadline is None:
-            lock.acquire()
-        elif not lock.acquire(timeout=seconds_until(deadline)):
+        if not acquire_until(lock, deadline):
             raise SendDeadline("another thread was registering programs "
                                "until the deadline", started=False)
         try:

@@ -25,7 +25,7 @@ import queue
 import threading
 from typing import Callable, Hashable
 
-from jaxcolo.transport.writer import seconds_until
+from jaxcolo.transport.writer import acquire_until
 
 log = logging.getLogger("jaxcolo.executor")
 
@@ -67,9 +67,7 @@ class DestroyQueue:
         (nothing done) if another thread handling them holds on past
         ``deadline`` (time.monotonic(); e.g. its send waits for a worker
         that stopped reading)."""
-        if deadline is None:
-            self._lock.acquire()
-        elif not self._lock.acquire(timeout=seconds_until(deadline)):
+        if not acquire_until(self._lock, deadline):
             return False
         try:
             self._handle_events()

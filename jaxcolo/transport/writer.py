@@ -38,6 +38,14 @@ def seconds_until(deadline: float) -> float:
     return min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX)
 
 
+def acquire_until(lock, deadline: float | None) -> bool:
+    """Acquire ``lock`` by ``deadline`` (time.monotonic(); None: however
+    long it takes); False if it could not be had by then."""
+    if deadline is None:
+        return lock.acquire()
+    return lock.acquire(timeout=seconds_until(deadline))
+
+
 class SendDeadline(ExecutorError):
     """A send did not complete by its deadline.  ``started``: False when
     nothing was sent; True when the message was partly written and a thread
@@ -96,9 +104,7 @@ class FrameWriter:
         the thread holds the connection until done, or until the
         connection is lost (it is then closed)."""
         lock = self.lock
-        if deadline is None:
-            lock.acquire()
-        elif not lock.acquire(timeout=seconds_until(deadline)):
+        if not acquire_until(lock, deadline):
             raise SendDeadline("the connection was busy with another send "
                                "until the deadline", started=False)
         handed = False
