@@ -458,6 +458,51 @@ def test_remote_errors_that_cannot_be_re_raised_as_such(one_host, fn):
     assert ok_call(one_host) == 42 and one_host.worker_pids() == [pid]
 
 
+_RAISE_HOLDING_A_LOCK = """
+import threading
+
+class RequestFailed(Exception):
+    def __init__(self, status, conn):
+        super().__init__(f"status {status}")
+        self.status, self.conn = status, conn
+
+def raise_holding_a_lock(x):
+    raise RequestFailed(503, threading.Lock())
+"""
+
+
+def _by_value(source: str, name: str):
+    """Function ``name`` of ``source``, defined in a module no process can
+    import, so cloudpickle carries it and its classes by value (as it does
+    a script's)."""
+    namespace = {"__name__": "jaxcolo_tests_not_importable"}
+    exec(source, namespace)  # noqa: S102 - the test's own source
+    return namespace[name]
+
+
+def _raise_args_holding_a_lock(x):
+    import threading
+    raise ValueError("bad row", 17, threading.Lock())
+
+
+@pytest.mark.parametrize("fn, text", [
+    (_by_value(_RAISE_HOLDING_A_LOCK, "raise_holding_a_lock"),
+     r"RequestFailed: status 503"),
+    (_raise_args_holding_a_lock, r"builtins\.ValueError: \('bad row', 17")])
+def test_an_exception_holding_what_does_not_pickle_is_an_executor_error(
+        one_host, fn, text):
+    """Such an exception came back as its class rebuilt from its text alone
+    (made without __init__: attributes gone, args replaced by one string),
+    a path meant for pickles over the size limit.  The README promises an
+    ExecutorError with its type name and message."""
+    f = jaxcolo.colocated_python(fn).specialize(out_specs_fn=_identity)
+    with jaxcolo.use_executor(one_host):
+        with pytest.raises(jaxcolo.ExecutorError, match=text) as info:
+            f(put(1, cpu_devices()[0]))
+    assert type(info.value) is jaxcolo.ExecutorError
+    assert ok_call(one_host) == 42
+
+
 def test_remote_error_whose_str_fails_still_reaches_the_caller(one_host):
     """The worker built its error reply with str(e): it raised, no reply
     went out, and the caller waited forever."""

@@ -168,7 +168,9 @@ def dumps_exception(e: BaseException, limit: int | None = None,
     ``limit`` bytes: its class with ``text`` as its only arg instead (None
     if that is over the limit too, or no text is given)."""
     data = _dumps(e)
-    if limit is None or (data is not None and len(data) <= limit):
+    if data is None:  # holds what does not pickle: type name and text
+        return None
+    if limit is None or len(data) <= limit:
         return data
     if text is None or not isinstance(e, Exception):
         return None
