@@ -1035,6 +1035,33 @@ def test_a_host_failing_before_a_collective_restarts_the_cluster():
         assert set(ex.worker_pids()).isdisjoint(pids)
 
 
+def test_a_host_failing_before_the_first_collective_restarts_the_cluster():
+    """The same, with no collective run before on those devices: host 1's
+    gloo setup timed out after 30 s (not a hang), so its part ended, the
+    hosts counted as done and host 0 was resumed.  But host 1 had set up
+    gloo state host 0 had not: the next call failed with that gloo error,
+    the one after waited 60 s for host 0's stuck collective.  Now a part
+    failing in gloo restarts the cluster at once."""
+    f, make = _sum_program()
+    with jaxcolo.ProcessExecutor(num_hosts=2) as ex:  # straggler: 60 s
+        pids = ex.worker_pids()
+        with jaxcolo.use_executor(ex):
+            with pytest.raises(ValueError, match="host 0 refuses"):
+                f(make(-1))
+            started = time.monotonic()
+            outcomes = []
+            for k in range(2, 5):  # each is right, or fails: never wrong
+                try:
+                    outcomes.append(float(f(make(k))) == 8.0 * k)
+                except jaxcolo.ExecutorError as e:
+                    assert "collectives are out of step" in str(e)
+                    outcomes.append("interrupted")
+            assert outcomes[-1] is True and False not in outcomes, outcomes
+            assert time.monotonic() - started < 55  # not straggler_timeout
+        assert ex.stats()["restarts"] == 1
+        assert set(ex.worker_pids()).isdisjoint(pids)
+
+
 @pytest.mark.parametrize("failing", [(0,), (0, 1)], ids=["one", "both"])
 def test_a_multi_host_call_failing_without_collectives_resumes(two_hosts,
                                                                failing):

@@ -39,6 +39,19 @@ log = logging.getLogger("jaxcolo.executor")
 RESUME_SINCE = versions.FEATURE_SINCE["message_resume"]
 
 
+# Errors XLA raises for a failed execution (jax.errors, older jaxlibs).
+_RUNTIME_ERRORS = ("jax.errors.JaxRuntimeError",
+                   "jaxlib.xla_extension.XlaRuntimeError",
+                   "jaxlib._jax.XlaRuntimeError")
+
+
+def collectives_broke(m: Message) -> bool:
+    """Error reply ``m`` is a gloo collective's failure (CPU clusters'
+    collectives are gloo's)."""
+    return m.error_type in _RUNTIME_ERRORS and \
+        "gloo" in (m.error_message or "").lower()
+
+
 def _send_resumes(resume) -> None:
     for cid, held in resume:
         try:
@@ -187,6 +200,8 @@ class HostSet:
         sessions) until resumed; the other hosts get ``straggler_timeout``
         seconds to be done with the call."""
         failed = m.kind == MessageKind.error
+        if failed and collectives_broke(m):
+            self._lose_out_of_step(call, link, m)
         if failed:
             with self._lock:
                 if link.version >= RESUME_SINCE and not call.abandoned:
@@ -195,6 +210,29 @@ class HostSet:
             self._watch_stragglers(call)
         self._settle_multi_host(call, sent=False)
         self._check_settled(call)
+
+    def _lose_out_of_step(self, call: Call, link, m) -> None:
+        """A part of multi-host ``call`` failed in its collectives (a gloo
+        communicator that timed out waiting for a host that gave up): that
+        host set up state its peers did not, so their next collectives
+        would pair wrongly or hang.  Local workers: the cluster restarts
+        (the calls in flight there fail); running workers: their cluster
+        is marked wedged."""
+        with self._lock:
+            if self._closed or call.abandoned:
+                return
+            call.abandoned = True  # no host of it is resumed
+            self._holding.discard(call)
+            reason = (f"{call.plan.name} failed in a collective on "
+                      f"{link.describe} ({m.error_type}: "
+                      f"{(m.error_message or '')[:200]}); the hosts' "
+                      "collectives are out of step")
+            self._mark_wedged(call, reason)
+        log.warning("%s: %s", "the cluster restarts" if self._addresses
+                    is None else "the running workers' cluster is wedged",
+                    reason)
+        if self._addresses is None:
+            link.lost(reason)  # its cluster with it
 
     def _check_settled(self, call: Call) -> None:
         """Settle multi-host ``call`` (its thread's later calls may go,
