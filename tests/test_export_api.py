@@ -59,6 +59,19 @@ def test_every_version_round_trips(poly_exp):
         assert str(je.deserialize(data).in_avals) == str(poly_exp.in_avals)
 
 
+def test_an_abstract_device_without_platform_is_not_from_version_11():
+    """Version-11 writers always write an abstract device's platform, so a
+    payload with one without it was written by version 10: its range was
+    reported as (10, 11) and inspect named 0.10.1 and 0.10.2 as writers."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = jax.make_mesh((2, 4), ("x", "y"))
+    spec = jax.ShapeDtypeStruct((8, 8), jnp.float32,
+                                sharding=NamedSharding(mesh, P("x", "y")))
+    exp = jax.export.export(jax.jit(lambda x: x * 2))(spec)
+    assert je.version_range(je.serialize(exp, version=10)) == (10, 10)
+    assert je.version_range(exp.serialize()) == (11, 11)
+
+
 def test_version_12_writes_jax_version(poly_exp):
     data = je.serialize(poly_exp, version=12)
     assert detect.scan(data).jax_version == jax.__version__

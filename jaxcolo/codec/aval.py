@@ -29,8 +29,8 @@ from jaxcolo.codec.dtypes import intern_dtype
 from jaxcolo.codec.layout import build_layout, decode_layout, layout_item
 from jaxcolo.codec.sharding import intern_sharding
 from jaxcolo.codec.scopes import scope_entry
-from jaxcolo.codec.symbolic import check_writable_text, parse_shape, \
-    trial_parse_units
+from jaxcolo.codec.symbolic import empty_scope, parse_shape, \
+    trial_parse_units, writable_text
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
@@ -106,8 +106,10 @@ def _shape_item(writer, shape, path):
             sym.append(text)
             ref = scope_entry(writer, d.scope, path)
             if (text, ref) not in writer.parsed:  # a reader parses it once
-                units = check_writable_text(text, path)
+                units, counted = writable_text(text, path)
                 trial = writer.memo.get(("trial scope", id(d.scope)))
+                if trial is None and counted:  # parsed by a reader counted
+                    trial = empty_scope()
                 if trial is not None:
                     units += trial_parse_units(text, trial, path, d)
                 writer.parsed[(text, ref)] = units

@@ -13,7 +13,8 @@ from jax._src.export import shape_poly
 
 import jaxcolo_jax_export_fb as fb
 from jaxcolo.codec.dtypes import describe, dtype_of_kind
-from jaxcolo.codec.symbolic import check_writable_text, parse_shape
+from jaxcolo.codec.symbolic import empty_scope, parse_shape, \
+    trial_parse_units, writable_text
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.export.layouts import AVAL as L
 
@@ -50,8 +51,9 @@ def dtype_kind(dtype, row, path: str) -> int:
 def encode_aval(builder, aval, row, path: str = "$") -> int:
     """Build one AbstractValue table the way JAX's writer of ``row`` does."""
     dims = [str(d) for d in aval.shape]
-    for text in dims:
-        check_writable_text(text, f"{path}.shape")
+    for d, text in zip(aval.shape, dims):
+        if writable_text(text, f"{path}.shape")[1]:  # a reader counts its
+            trial_parse_units(text, empty_scope(), f"{path}.shape", d)  # work
     shape_off = builder.offset_vector([builder.CreateString(t) for t in dims])
     kind = dtype_kind(aval.dtype, row, path)
     mem = _MEM_TO_FB.get(aval.memory_space)

@@ -46,6 +46,7 @@ class Layout:
     abstract_device: bool = False
     platform: bool = False
     platform_not_inferable: bool = False  # a platform its kind does not give
+    platform_missing: bool = False  # an abstract device without platform
     unique_tables: bool = False
     legacy_vectors: bool = True      # per-entry in_avals etc. are written
     jax_version: str | None = None
@@ -154,7 +155,9 @@ def _mesh(t, path, out):
     dt = t.table(LM.abstract_device, path, "abstract_device")
     if dt is not None:
         out.abstract_device = True
-        if _present(dt, LD.platform):
+        if not _present(dt, LD.platform):
+            out.platform_missing = True
+        else:
             out.platform = True
             kind = dt.string(LD.device_kind, path + ".abstract_device",
                               "device_kind")
@@ -191,6 +194,8 @@ def _consistent(row, lay: Layout) -> bool:
     if (lay.abstract_device and not row.abstract_device) or \
             (lay.platform and not row.device_platform):
         return False
+    if lay.platform_missing and row.device_platform:  # (writers of these
+        return False                                    # always write it)
     return lay.unique_tables == row.unique_tables and \
         (lay.jax_version is not None) == row.jax_version
 
