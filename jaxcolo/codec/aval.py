@@ -29,8 +29,8 @@ from jaxcolo.codec.dtypes import intern_dtype
 from jaxcolo.codec.layout import build_layout, decode_layout, layout_item
 from jaxcolo.codec.sharding import intern_sharding
 from jaxcolo.codec.scopes import scope_entry
-from jaxcolo.codec.symbolic import empty_scope, parse_shape, \
-    trial_parse_units, writable_text
+from jaxcolo.codec.symbolic import bits_of_scope, empty_scope, \
+    parse_shape, trial_parse_units, writable_text
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
@@ -106,7 +106,8 @@ def _shape_item(writer, shape, path):
             sym.append(text)
             ref = scope_entry(writer, d.scope, path)
             if (text, ref) not in writer.parsed:  # a reader parses it once
-                units, counted = writable_text(text, path)
+                units, counted = writable_text(text, path,
+                                               bits_of_scope(d.scope))
                 trial = writer.memo.get(("trial scope", id(d.scope)))
                 if trial is None and counted:  # parsed by a reader counted
                     trial = empty_scope()

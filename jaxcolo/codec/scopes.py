@@ -26,7 +26,7 @@ from jax._src.export import shape_poly
 import jaxcolo_fb as fb
 from jaxcolo import versions
 from jaxcolo.codec.core import register_table
-from jaxcolo.codec.symbolic import check_writable_text, make_scope, \
+from jaxcolo.codec.symbolic import check_writable_constraints, make_scope, \
     trial_scope
 from jaxcolo.errors import EncodeError
 from jaxcolo.fastbuilder import string_vector
@@ -67,7 +67,7 @@ def scope_entry(writer, scope, path) -> int:
     if hit is not None:
         return hit
     key = scope_constraints(scope)
-    units = sum(check_writable_text(c, path + ".scope") for c in key)
+    units = check_writable_constraints(key, path + ".scope")
     if key:  # what JAX's reasoning about the constraints costs a reader
         trial, extra = trial_scope(key, path + ".scope")
         writer.memo[("trial scope", id(scope))] = trial
