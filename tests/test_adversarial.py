@@ -241,10 +241,16 @@ def test_constraints_bound_names_for_the_size_of_jaxs_ints():
             ((f"a >= {big}",), "max(a^16, 1)", False),
             ((f"a >= {big}*b", f"b >= {big}*c", f"c >= {big}"), "max(a, 1)",
              True),
-            ((f"a >= {big}*b", f"b >= {big}*c", f"c >= {big}"), "max(a^3, 1)",
+            ((f"a >= {big}*b", f"b >= {big}*c", f"c >= {big}"), "max(a^4, 1)",
              False)]:
         assert (parse_cost.magnitude(dim, parse_cost.scope_bits(constraints))
                 <= parse_cost.MAX_MAGNITUDE_BITS) == ok, (constraints, dim)
+    # Equality constraints rewrite names into what earlier ones made.
+    rules = ("b == 3*c", "a == b^500")
+    assert parse_cost.constraint_bits(rules) == [0, 2, 1000]
+    assert parse_cost.magnitude("a", 1000) <= parse_cost.MAX_MAGNITUDE_BITS
+    assert parse_cost.parse_cost("a^2", 1000).refused
+    assert parse_cost.parse_cost("d == a^512", 1000).refused
     scope = export.SymbolicScope([f"a >= {big}"])
     (d,) = export.symbolic_shape("a^16 + 1", scope=scope)
     with pytest.raises(jaxcolo.EncodeError, match=_BIG):
@@ -252,6 +258,31 @@ def test_constraints_bound_names_for_the_size_of_jaxs_ints():
     (d,) = export.symbolic_shape("a^2", scope=scope)
     x = jax.ShapeDtypeStruct((d,), np.float32)
     assert jaxcolo.deserialize(jaxcolo.serialize(x)) == x
+
+
+def test_a_chain_of_rewrite_rules_is_refused_fast(monkeypatch):
+    """b == 3*c, a == b^500, d == a^512, e == d^512: JAX rewrites each name
+    into what the rules before made, so d's coefficient is 3^256000 and
+    e's is built by 512 multiplications of it, in C (a 207-byte payload:
+    ~35 minutes).  Names were all given the bits of the constraints
+    without names; they carry what the rules before made now."""
+    import time
+    from jaxcolo.codec import scopes
+    evil = ("b == 3*c", "a == b^500", "d == a^512", "e == d^512")
+    with monkeypatch.context() as m:
+        m.setattr(scopes, "scope_constraints", lambda scope: evil)
+        m.setattr(scopes, "trial_scope", lambda key, path: (None, 0))
+        m.setattr(scopes, "check_writable_constraints", lambda key, path: 0)
+        (c,) = export.symbolic_shape("c", constraints=("c >= 1",))
+        data = jaxcolo.serialize(jax.ShapeDtypeStruct((c,), np.float32))
+    t0 = time.perf_counter()
+    with pytest.raises(jaxcolo.PayloadError, match=r"'d == a\^512' " + _BIG +
+                       r".* - at \$\.scopes\[0\]\.constraints\[2\]"):
+        jaxcolo.deserialize(data)
+    assert time.perf_counter() - t0 < 1.0
+    with pytest.raises(jaxcolo.EncodeError, match=_BIG):
+        jaxcolo.serialize(jax.ShapeDtypeStruct(export.symbolic_shape(
+            "c", constraints=evil[:3]), np.float32))
 
 
 def test_legitimate_jax_exports_past_the_cost_model_are_read():

@@ -3,7 +3,7 @@ text (see :mod:`jaxcolo.codec.symbolic`, which charges and runs parses by
 it): what parsing a text costs in parse units (about 3.5 us each), whether
 it is past the model (its parse must be counted as it runs), or why no
 reader parses it at all; and how large the ints JAX computes for it can be
-(:func:`magnitude`, :func:`scope_bits`).
+(:func:`magnitude`, :func:`constraint_bits`).
 """
 
 from __future__ import annotations
@@ -147,11 +147,22 @@ def magnitude(text: str, name_bits: int = 0) -> int:
     return walk.bits
 
 
+def constraint_bits(constraints) -> list[int]:
+    """The bits of names' ints in each of ``constraints`` (text), in the
+    order JAX builds them, then in the scope they make (the last entry).
+    An equality ``x == e`` becomes a rule rewriting ``x`` into ``e`` in what
+    is built after it, so a name may stand for what the constraints before
+    made: their largest magnitude, carried along.  (Bounds JAX derives from
+    inequalities are floats: past 2**1024 they overflow, an error.)"""
+    bits = [0]
+    for c in constraints:
+        bits.append(max(bits[-1], magnitude(c, bits[-1])))
+    return bits
+
+
 def scope_bits(constraints) -> int:
-    """The bits of the bounds names get in a scope of ``constraints``
-    (text): its constraints' magnitudes added up (a name's bound may come
-    from a chain of them, which multiplies their constants)."""
-    return sum(magnitude(c) for c in constraints)
+    """The bits of names' ints in a scope of ``constraints``."""
+    return constraint_bits(constraints)[-1]
 
 
 # JAX multiplies products of sums out (max(a + b, 0) is a + b once bounds

@@ -61,7 +61,7 @@ import weakref
 from jax._src.export import shape_poly
 
 from jaxcolo.codec.counted import OutOfBudget, run_counted
-from jaxcolo.codec.parse_cost import parse_cost, scope_bits
+from jaxcolo.codec.parse_cost import constraint_bits, parse_cost, scope_bits
 from jaxcolo.errors import EncodeError, PayloadError
 
 def writable_text(text: str, path: str,
@@ -80,8 +80,8 @@ def check_writable_constraints(constraints, path: str) -> int:
     """The parse units a reader charges for a scope's ``constraints`` by
     the cost model (JAX's work building it is counted: the writer runs
     that trial itself); EncodeError if no reader builds it."""
-    units, bits = 0, scope_bits(constraints)
-    for c in constraints:
+    units = 0
+    for c, bits in zip(constraints, constraint_bits(constraints)):
         units += writable_text(c, path, bits)[0]
     return units
 
@@ -174,8 +174,9 @@ def parse_shape(text: str, scope, buf, path: str) -> tuple:
 
 def make_scope(constraints: tuple, buf, path: str):
     """``shape_poly.SymbolicScope(constraints)``, bounded like parse_shape."""
-    counted, bits = False, scope_bits(constraints)
-    for i, c in enumerate(constraints):
+    counted = False
+    for i, (c, bits) in enumerate(zip(constraints,
+                                      constraint_bits(constraints))):
         counted |= _charge(buf, c, f"{path}[{i}]", bits)
     try:
         if counted and buf is None:  # bounded as a writer's trial
