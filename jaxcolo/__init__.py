@@ -6,8 +6,9 @@ use of an attribute that needs them, so a CLI or worker can configure XLA
 (e.g. ``XLA_FLAGS``) first.
 """
 
-from jaxcolo.errors import EncodeError, ExecutorError, PayloadError, \
-    UnavailableHereError, UnknownDeviceError, UnregisteredError, VersionError
+from jaxcolo.errors import EncodeError, ExecutorError, HostWedgedError, \
+    PayloadError, UnavailableHereError, UnknownDeviceError, UnregisteredError, \
+    VersionError
 from jaxcolo.versions import MIN_READABLE_VERSION, SCHEMA_VERSION
 
 _LAZY = {
@@ -32,7 +33,7 @@ _LAZY = {
 __all__ = [
     "serialize", "deserialize", "inspect", "SCHEMA_VERSION",
     "MIN_READABLE_VERSION", "PayloadError", "VersionError", "EncodeError",
-    "ExecutorError", "UnavailableHereError", "UnknownDeviceError",
+    "ExecutorError", "HostWedgedError", "UnavailableHereError", "UnknownDeviceError",
     "UnregisteredError", "register_effect",
     "register_default_factory", "colocated_python",
     "colocated_python_class", "colocated_cpu_devices", "Executor",

@@ -84,3 +84,9 @@ class EncodeError(ValueError):
 
 class ExecutorError(RuntimeError):
     """Executor-side failure: worker lost, timeout, executor closed."""
+
+
+class HostWedgedError(ExecutorError):
+    """A worker refuses multi-host calls: a multi-host call of a controller
+    it served before may have left its collectives out of step with the
+    other hosts' (restart every worker process of the cluster)."""

@@ -153,6 +153,20 @@ def test_two_worker_commands_form_a_cluster(keyfile):
                 total(x)
             y = jax.device_put(np.float32(3), devs[0])
             assert float(one(y)) == 6.0  # single-host calls go on
+        # A new controller: host 1 still waits in that collective, host 0
+        # held after it.  Its collectives paired with those (a sum of the
+        # wrong inputs, or a hang); now the workers refuse them.
+        with jaxcolo.ProcessExecutor(addresses=addrs,
+                                     authkey=keyfile.read_bytes(),
+                                     straggler_timeout=1.0) as ex, \
+                jaxcolo.use_executor(ex), ex.timeout(30):
+            with pytest.raises(jaxcolo.HostWedgedError,
+                               match=r"refuses multi-host calls: a multi-"
+                                     r"host call .*restart every worker"):
+                total(x * 100)
+            with pytest.raises(jaxcolo.ExecutorError, match="wedged"):
+                total(x * 100)
+            assert float(one(y)) == 6.0
     finally:
         for p in procs:
             p.terminate()
@@ -207,6 +221,56 @@ def test_a_host_lost_during_a_failed_multi_host_call_marks_the_cluster_wedged(
             y = jax.device_put(np.float32(3), devs[0])
             one = jaxcolo.colocated_python(lambda v: v * 2)
             assert float(one(y)) == 6.0  # single-host calls go on
+    finally:
+        if proxy is not None:
+            proxy.close()
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(10)
+
+
+def _sleep_then_add(x):
+    time.sleep(float(x.addressable_shards[0].data.ravel()[0]))
+    return x + 1
+
+
+def test_a_host_lost_while_others_run_a_multi_host_call_starts_their_watch(
+        keyfile):
+    """Host 1's connection failed while both hosts ran a multi-host call:
+    the call failed, but host 0's part (which may wait in a collective for
+    host 1) got no straggler_timeout, so the thread's next call waited
+    until that part ended by itself (forever, for a stuck collective)."""
+    from tests.throttle import ThrottledProxy
+
+    coord = f"127.0.0.1:{free_port()}"
+    procs = [_start(keyfile, "--num-hosts", "2", "--host-index", str(i),
+                    "--coordinator", coord) for i in range(2)]
+    proxy = None
+    try:
+        addrs = [_address(p) for p in procs]
+        proxy = ThrottledProxy(addrs[1], rate=None)
+        devs = cpu_devices()
+        mesh = Mesh(np.array(devs), ("x",))
+        sleepy = jaxcolo.colocated_python(_sleep_then_add)
+        one = jaxcolo.colocated_python(lambda v: v * 2)
+        y = jax.device_put(np.float32(3), devs[0])
+        with jaxcolo.ProcessExecutor(addresses=[addrs[0], proxy.address],
+                                     authkey=keyfile.read_bytes(),
+                                     straggler_timeout=1.0) as ex, \
+                jaxcolo.use_executor(ex), ex.timeout(60):
+            zeros = jax.device_put(np.zeros(8, np.float32),
+                                   NamedSharding(mesh, P("x")))
+            sleepy(zeros)
+            assert float(one(y)) == 6.0
+            fut = sleepy.submit(zeros + 30)
+            time.sleep(1.0)
+            proxy.drop()  # host 1's connection fails mid-call
+            with pytest.raises(jaxcolo.ExecutorError, match="was lost"):
+                fut.result()
+            t0 = time.monotonic()
+            assert float(one(y)) == 6.0
+            assert time.monotonic() - t0 < 15  # not the 30 s part
     finally:
         if proxy is not None:
             proxy.close()

@@ -28,7 +28,7 @@ import threading
 import time
 
 from jaxcolo import versions
-from jaxcolo.errors import ExecutorError
+from jaxcolo.errors import ExecutorError, HostWedgedError
 from jaxcolo.process import launch
 from jaxcolo.process.messages import Message, MessageKind
 from jaxcolo.process.hosts import HostLink
@@ -43,6 +43,9 @@ RESUME_SINCE = versions.FEATURE_SINCE["message_resume"]
 _RUNTIME_ERRORS = ("jax.errors.JaxRuntimeError",
                    "jaxlib.xla_extension.XlaRuntimeError",
                    "jaxlib._jax.XlaRuntimeError")
+
+
+_WEDGED = f"{HostWedgedError.__module__}.{HostWedgedError.__qualname__}"
 
 
 def collectives_broke(m: Message) -> bool:
@@ -202,6 +205,10 @@ class HostSet:
         failed = m.kind == MessageKind.error
         if failed and collectives_broke(m):
             self._lose_out_of_step(call, link, m)
+        elif failed and m.error_type == _WEDGED:  # (running workers)
+            with self._lock:
+                self._mark_wedged(call, f"{link.describe}: "
+                                  f"{(m.error_message or '')[:300]}")
         if failed:
             with self._lock:
                 if link.version >= RESUME_SINCE and not call.abandoned:
@@ -396,6 +403,7 @@ class HostSet:
                 f"{link.describe} was lost while this call was in flight "
                 f"({reason}){where}; the call was not retried"))
             if len(call.plan.hosts) > 1:  # (failed before, elsewhere)
+                self._watch_stragglers(call)  # its other hosts' parts
                 self._check_settled(call)
         for other in lost:
             if other is not link:

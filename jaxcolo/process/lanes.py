@@ -186,6 +186,11 @@ class HoldingGate(OrderedGate):
                     return
         self.leave()
 
+    def holds(self) -> bool:
+        """A failed call holds (or will hold) the turn until its resume."""
+        with self._held_lock:
+            return any(state != "resumed" for state in self._held.values())
+
     def resume(self, call_id: int) -> bool:
         """Pass on the turn held by ``call_id`` (at once, or when it ends);
         False if this gate holds no such call."""

@@ -38,11 +38,13 @@ import time
 from jaxcolo_fb import BufferWhere, MessageKind as K
 from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.colocated.program import ProgramRef
-from jaxcolo.errors import EncodeError, ExecutorError, PayloadError
+from jaxcolo.errors import EncodeError, ExecutorError, HostWedgedError, \
+    PayloadError
 from jaxcolo.process import arrays, messages
 from jaxcolo.process import main_types
 from jaxcolo.process.lanes import HoldingGate, LaneRunner
 from jaxcolo.process.remote_errors import error_message
+from jaxcolo.process.wedge import WEDGE
 from jaxcolo.versions import FEATURE_SINCE
 from jaxcolo.transport import blobs, channel as channel_mod
 
@@ -86,6 +88,9 @@ class Session:
         # a multi-host call that failed here holds the gate until the
         # controller's resume (sessions at v7 and later)
         self._gate = HoldingGate(self.version >= RESUME_SINCE)
+        self._multi_lock = threading.Lock()
+        self._multi_running: set = set()  # multi-host calls running
+        self._multi_closed = False       # the session ended: none starts
         self._pool = None                    # our segments, when shm works
         self._maps = blobs.SegmentMaps()     # the controller's segments
         self._released: queue.SimpleQueue = queue.SimpleQueue()
@@ -354,6 +359,11 @@ class Session:
                                    "registered", "$.program_id")
             if entry.error is not None:
                 raise entry.error
+            if m.ordered and WEDGE.reason() is not None:
+                raise HostWedgedError(
+                    f"{self.where} refuses multi-host calls: "
+                    f"{WEDGE.reason()}; restart every worker process of "
+                    "this cluster")
             args = self._inputs(m, entry, get)
         except BaseException as e:
             arrays.release_unused(m, self._released)  # buffers it would use
@@ -382,6 +392,10 @@ class Session:
         args = box.pop()
         if ticket is not None:
             self._gate.enter(ticket)
+            with self._multi_lock:  # the session ended while it waited:
+                if self._multi_closed:  # no collective for a controller
+                    return              # that is gone
+                self._multi_running.add(call_id)
         packer = outs = None
         failed = False
         try:
@@ -411,6 +425,9 @@ class Session:
         finally:
             if ticket is not None:
                 self._gate.end_turn(call_id, failed)
+                with self._multi_lock:
+                    self._multi_running.discard(call_id)
+                WEDGE.finished(self, call_id, failed)
         self._send_reply(call_id, reply, frames, packer)
         if shm:
             outs = packer = reply = frames = None
@@ -440,6 +457,10 @@ class Session:
         if self._ended.is_set():
             return
         self._ended.set()
+        with self._multi_lock:  # before the next controller is served
+            self._multi_closed = True
+            WEDGE.session_ended(self, set(self._multi_running),
+                                self._gate.holds())
         main_types.NAMESPACE.clear()  # the next controller's are its own
         self._busy_event.set()
         self._gate.break_()
