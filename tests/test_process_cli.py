@@ -69,7 +69,8 @@ def test_worker_command_serves_controllers_one_after_another(keyfile):
                     np.testing.assert_array_equal(jax.device_get(f(x)),
                                                   np.arange(4.0) * 3)
         with pytest.raises(jaxcolo.ExecutorError,
-                           match="^authentication failed"):
+                           match="^authentication failed.* \\(the peer at "
+                                 + addr.replace(".", "\\.") + "\\)$"):
             jaxcolo.ProcessExecutor(addresses=[addr], authkey=b"wrong")
         assert proc.poll() is None
     finally:
@@ -288,6 +289,10 @@ def test_a_host_lost_while_others_run_a_multi_host_call_starts_their_watch(
     (["--device-map", "a,b"], "--device-map needs 1 blocks of 8 ids"),
     (["--max-version", "99"], "not within this jaxcolo's"),
     (["--listen", "127.0.0.1:99999"], "is not HOST:PORT"),
+    (["--num-hosts", "2", "--host-index", "1", "--coordinator", "foo"],
+     "needs --coordinator HOST:PORT"),
+    (["--num-hosts", "2"], "needs --coordinator HOST:PORT"),
+    (["--max-version", "2"], "which need payload version 3"),
 ])
 def test_worker_refuses_arguments_it_could_never_serve(keyfile, args,
                                                        reason):

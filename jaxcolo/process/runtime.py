@@ -111,6 +111,7 @@ def device_blocks(text: str | None, num_hosts: int, local: int) -> list:
 def check_arguments(args) -> None:
     """SystemExit with a one-line reason for arguments the worker could
     start with but never serve (checked before JAX starts)."""
+    from jaxcolo import versions
     from jaxcolo.transport import channel, handshake
 
     def bad(text):
@@ -131,6 +132,16 @@ def check_arguments(args) -> None:
         channel.parse_address(args.listen)
     except (ValueError, OverflowError) as e:
         bad(f"--listen {args.listen!r}: {e}")
+    if args.num_hosts > 1:
+        coordinator = args.coordinator or ""
+        host, sep, port = coordinator.rpartition(":")
+        if not (host and sep and port.isdigit() and 0 < int(port) < 65536):
+            bad(f"--num-hosts > 1 needs --coordinator HOST:PORT (port "
+                f"1..65535), got {args.coordinator!r}")
+    need = versions.FEATURE_SINCE["message"]
+    if args.max_version is not None and args.max_version < need:
+        bad(f"--max-version {args.max_version}: a worker speaks executor "
+            f"messages, which need payload version {need} or later")
 
 
 def start_jax(args, local: int, blocks: list):

@@ -23,7 +23,7 @@ import struct
 import threading
 import time
 
-from jaxcolo.errors import ExecutorError, PayloadError
+from jaxcolo.errors import ExecutorError, PayloadError, VersionError
 from jaxcolo.transport import handshake
 from jaxcolo.transport.writer import FrameWriter, SendDeadline
 
@@ -377,4 +377,11 @@ def connect(address: str | tuple, authkey: bytes, hello, *,
         raise ExecutorError(f"cannot connect to {format_address(address)}: "
                             f"{e}") from None
     sock.settimeout(None)
-    return _authenticate_and_greet(sock, authkey, hello, timeout, False, need)
+    where = f"(the peer at {format_address(address)})"
+    try:
+        return _authenticate_and_greet(sock, authkey, hello, timeout, False,
+                                       need)
+    except VersionError as e:  # which of several peers it was
+        raise VersionError(f"{e.reason} {where}", e.path) from None
+    except ExecutorError as e:
+        raise ExecutorError(f"{e} {where}") from None
