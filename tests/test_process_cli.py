@@ -292,7 +292,6 @@ def test_a_host_lost_while_others_run_a_multi_host_call_starts_their_watch(
     (["--num-hosts", "2", "--host-index", "1", "--coordinator", "foo"],
      "needs --coordinator HOST:PORT"),
     (["--num-hosts", "2"], "needs --coordinator HOST:PORT"),
-    (["--max-version", "2"], "which need payload version 3"),
 ])
 def test_worker_refuses_arguments_it_could_never_serve(keyfile, args,
                                                        reason):

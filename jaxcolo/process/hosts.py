@@ -114,8 +114,10 @@ class HostLink:
             if cleanup is not None:
                 cleanup()
         if reply.kind != K.setup:
-            raise ExecutorError(f"host {self.index} answered setup with "
-                                f"{reply.kind_name}: {reply.error_message}")
+            raise ExecutorError(
+                f"the worker at {self.address} (host {self.index} here) "
+                f"answered setup with {reply.kind_name}: "
+                f"{reply.error_message}")
         self.pid = self.pid or reply.pid or None
         if name and reply.token == token:
             self.pool = blobs.SegmentPool(f"c{self.index}")

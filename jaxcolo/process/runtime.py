@@ -111,7 +111,6 @@ def device_blocks(text: str | None, num_hosts: int, local: int) -> list:
 def check_arguments(args) -> None:
     """SystemExit with a one-line reason for arguments the worker could
     start with but never serve (checked before JAX starts)."""
-    from jaxcolo import versions
     from jaxcolo.transport import channel, handshake
 
     def bad(text):
@@ -138,10 +137,6 @@ def check_arguments(args) -> None:
         if not (host and sep and port.isdigit() and 0 < int(port) < 65536):
             bad(f"--num-hosts > 1 needs --coordinator HOST:PORT (port "
                 f"1..65535), got {args.coordinator!r}")
-    need = versions.FEATURE_SINCE["message"]
-    if args.max_version is not None and args.max_version < need:
-        bad(f"--max-version {args.max_version}: a worker speaks executor "
-            f"messages, which need payload version {need} or later")
 
 
 def start_jax(args, local: int, blocks: list):
@@ -240,8 +235,9 @@ def run(args) -> int:
             try:
                 channel.send(encode(Message(
                     MessageKind.error, error_type="jaxcolo.ExecutorError",
-                    error_message=f"host {args.host_index} already serves a "
-                                  "controller"), channel.version))
+                    error_message=(f"this worker (--host-index "
+                                   f"{args.host_index}) already serves a "
+                                   "controller")), channel.version))
             except Exception:
                 pass
             channel.close()

@@ -4,12 +4,14 @@ Right after authentication each side sends a Hello (its readable payload
 version range, role, software, and for workers the controller device ids it
 owns).  Both sides then compute the same agreed version with
 :func:`negotiate`: the highest version inside both ranges.  No common version
-raises :class:`jaxcolo.VersionError` naming both ranges and who must upgrade.
+raises :class:`jaxcolo.VersionError` naming both ranges and who must upgrade
+(or raise the version limit it was told to keep to).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 
@@ -124,14 +126,26 @@ def inspect_hello(data, header) -> dict:
     return {"hello": hello}
 
 
+def _advice(hello: Hello, whose: str) -> str:
+    """What the side of ``hello`` must change: its version limit if its
+    software writes newer versions than it was told to speak, else its
+    jaxcolo."""
+    m = re.search(r"schema (\d+)", hello.software or "")
+    if m and int(m.group(1)) > hello.max_version:
+        option = "--max-version" if hello.role == "worker" else "max_version"
+        return (f"raise {whose} {option} (its jaxcolo writes up to version "
+                f"{m.group(1)})")
+    return f"upgrade {whose} jaxcolo"
+
+
 def negotiate(local: Hello, remote: Hello, *, need: int = 1) -> int:
     """The highest payload version both sides read, at least ``need``."""
     agreed = min(local.max_version, remote.max_version)
     if agreed < max(local.min_version, remote.min_version, need):
         if local.max_version < remote.min_version or local.max_version < need:
-            advice = f"upgrade this {local.role}'s jaxcolo"
+            advice = _advice(local, f"this {local.role}'s")
         else:
-            advice = f"upgrade the {remote.role}'s jaxcolo"
+            advice = _advice(remote, f"the {remote.role}'s")
         needs = f" (executor calls need version >= {need})" if need > 1 else ""
         raise VersionError(
             f"no common payload version: this {local.role} speaks "
