@@ -33,8 +33,8 @@ _LAZY = {
 __all__ = [
     "serialize", "deserialize", "inspect", "SCHEMA_VERSION",
     "MIN_READABLE_VERSION", "PayloadError", "VersionError", "EncodeError",
-    "ExecutorError", "HostWedgedError", "UnavailableHereError", "UnknownDeviceError",
-    "UnregisteredError", "register_effect",
+    "ExecutorError", "HostWedgedError", "UnavailableHereError",
+    "UnknownDeviceError", "UnregisteredError", "register_effect",
     "register_default_factory", "colocated_python",
     "colocated_python_class", "colocated_cpu_devices", "Executor",
     "InlineExecutor", "ProcessExecutor", "use_executor", "get_executor",

@@ -359,11 +359,11 @@ class Session:
                                    "registered", "$.program_id")
             if entry.error is not None:
                 raise entry.error
-            if m.ordered and WEDGE.reason() is not None:
+            wedged = WEDGE.reason() if m.ordered else None
+            if wedged is not None:
                 raise HostWedgedError(
-                    f"{self.where} refuses multi-host calls: "
-                    f"{WEDGE.reason()}; restart every worker process of "
-                    "this cluster")
+                    f"{self.where} refuses multi-host calls: {wedged}; "
+                    "restart every worker process of this cluster")
             args = self._inputs(m, entry, get)
         except BaseException as e:
             arrays.release_unused(m, self._released)  # buffers it would use
