@@ -231,6 +231,44 @@ def test_a_host_lost_during_a_failed_multi_host_call_marks_the_cluster_wedged(
             p.wait(10)
 
 
+def _raise_everywhere(x):
+    raise ValueError("bad input")
+
+
+def test_closing_right_after_a_failed_multi_host_call_keeps_workers_serving(
+        keyfile):
+    """A multi-host call failing on every host fails for its caller at the
+    first host's error; closing then (an exception leaving the ``with``)
+    ended the sessions before the resumes went out, so the workers held and
+    refused every later controller's multi-host calls for good."""
+    coord = f"127.0.0.1:{free_port()}"
+    procs = [_start(keyfile, "--num-hosts", "2", "--host-index", str(i),
+                    "--coordinator", coord) for i in range(2)]
+    try:
+        addrs = [_address(p) for p in procs]
+        x = jax.device_put(np.arange(8.0), NamedSharding(
+            Mesh(np.array(cpu_devices()), ("x",)), P("x")))
+
+        @jaxcolo.colocated_python
+        def total(x):
+            return jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(
+                x.sharding.mesh, P()))(x)
+
+        bad = jaxcolo.colocated_python(_raise_everywhere)
+        for _ in range(2):
+            with pytest.raises(ValueError, match="bad input"):
+                with jaxcolo.ProcessExecutor(
+                        addresses=addrs, authkey=keyfile.read_bytes()) as ex, \
+                        jaxcolo.use_executor(ex):
+                    assert float(total(x)) == 28.0
+                    bad(x)
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(10)
+
+
 def _sleep_then_add(x):
     time.sleep(float(x.addressable_shards[0].data.ravel()[0]))
     return x + 1

@@ -70,6 +70,19 @@ def test_negotiate_highest_common_and_refusal_names_both_ranges():
                      hs.Hello(2, 4, "worker", "new"))
     with pytest.raises(jaxcolo.VersionError, match=r"upgrade the worker"):
         hs.negotiate(hs.Hello(5, 6, "controller"), hs.Hello(1, 3, "worker"))
+    # Told to speak older versions than its jaxcolo writes: raise the
+    # limit, when that reaches what is needed; else upgrade.
+    for (lo, hi), need, advice in [
+            ((14, 20), 2, r"upgrade this controller's jaxcolo"),
+            ((2, 20), 2, r"raise this controller's max_version \(its jaxcolo "
+                         r"writes up to version 12\)")]:
+        with pytest.raises(jaxcolo.VersionError, match=advice):
+            hs.negotiate(
+                hs.Hello(1, 1, "controller", "jaxcolo schema 12 / jax 0.10.2"),
+                hs.Hello(lo, hi, "worker", "jaxcolo schema 20"), need=need)
+    with pytest.raises(jaxcolo.VersionError, match=r"upgrade the worker's"):
+        hs.negotiate(hs.Hello(14, 20, "controller", "jaxcolo schema 20"),
+                     hs.Hello(1, 3, "worker", "jaxcolo schema 12"), need=2)
     with pytest.raises(jaxcolo.VersionError, match=r"need version >= 2"):
         hs.negotiate(hs.Hello(1, 1, "controller"), hs.Hello(1, 1, "worker"),
                      need=2)

@@ -65,6 +65,9 @@ from jaxcolo.process.sending import CallSending
 from jaxcolo.transport import interrupts
 
 _LANE_MASK = (1 << 63) - 1
+# close() waits up to this long for multi-host calls that failed on some
+# host to be done on the others and resumed (running workers).
+CLOSE_SETTLE_TIMEOUT = 5.0
 
 
 class ProcessExecutor(HostSet, CallSending, Executor):
@@ -112,6 +115,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         self._straggler_timeout = check_timeout(straggler_timeout,
                                                 "straggler_timeout")
         self._wedged: dict = {}  # running workers: (address, pid) -> why
+        self._resuming = 0  # threads sending resumes
         self._holding: set = set()  # multi-host calls hosts hold after
         self._restart = restart
         self._worker_args = tuple(worker_args)
@@ -403,6 +407,8 @@ class ProcessExecutor(HostSet, CallSending, Executor):
 
     # ------------------------------------------------------------- close
     def close(self) -> None:
+        if not self._closed:
+            self._settle_holds(CLOSE_SETTLE_TIMEOUT)
         with self._lock:
             if self._closed:
                 return

@@ -28,39 +28,17 @@ import threading
 import time
 
 from jaxcolo import versions
-from jaxcolo.errors import ExecutorError, HostWedgedError
+from jaxcolo.errors import ExecutorError
 from jaxcolo.process import launch
-from jaxcolo.process.messages import Message, MessageKind
+from jaxcolo.process.messages import MessageKind
+from jaxcolo.process.multi_host_faults import WEDGED_ERROR, \
+    collectives_broke, send_resumes
 from jaxcolo.process.hosts import HostLink
 from jaxcolo.process.lifetime import weak
 from jaxcolo.process.results import Call
 
 log = logging.getLogger("jaxcolo.executor")
 RESUME_SINCE = versions.FEATURE_SINCE["message_resume"]
-
-
-# Errors XLA raises for a failed execution (jax.errors, older jaxlibs).
-_RUNTIME_ERRORS = ("jax.errors.JaxRuntimeError",
-                   "jaxlib.xla_extension.XlaRuntimeError",
-                   "jaxlib._jax.XlaRuntimeError")
-
-
-_WEDGED = f"{HostWedgedError.__module__}.{HostWedgedError.__qualname__}"
-
-
-def collectives_broke(m: Message) -> bool:
-    """Error reply ``m`` is a gloo collective's failure (CPU clusters'
-    collectives are gloo's)."""
-    return m.error_type in _RUNTIME_ERRORS and \
-        "gloo" in (m.error_message or "").lower()
-
-
-def _send_resumes(resume) -> None:
-    for cid, held in resume:
-        try:
-            held.send(Message(MessageKind.resume, call_id=cid))
-        except ExecutorError as e:  # lost: nothing to resume there
-            log.info("%s: resume not sent: %s", held.describe, e)
 
 
 class HostSet:
@@ -205,7 +183,7 @@ class HostSet:
         failed = m.kind == MessageKind.error
         if failed and collectives_broke(m):
             self._lose_out_of_step(call, link, m)
-        elif failed and m.error_type == _WEDGED:  # (running workers)
+        elif failed and m.error_type == WEDGED_ERROR:  # (running workers)
             with self._lock:
                 self._mark_wedged(call, f"{link.describe}: "
                                   f"{(m.error_message or '')[:300]}")
@@ -299,8 +277,34 @@ class HostSet:
             resume, call.held = call.held, []
             self._holding.discard(call)
         # not on this (reader) thread: a held link may be busy sending
-        threading.Thread(target=_send_resumes, args=(resume,), daemon=True,
-                         name="jaxcolo-resume").start()
+        with self._lock:
+            self._resuming += 1
+        threading.Thread(target=self._send_resumes, args=(resume,),
+                         daemon=True, name="jaxcolo-resume").start()
+
+    def _send_resumes(self, resume) -> None:
+        try:
+            send_resumes(resume)
+        finally:
+            with self._lock:
+                self._resuming -= 1
+
+    def _settle_holds(self, limit: float) -> None:
+        """(At close, running workers.)  Give the multi-host calls a host
+        holds after (they failed there) up to ``limit`` seconds to be done
+        on every host, and their resumes to go out: a worker whose session
+        ends holding refuses later controllers' multi-host calls for good
+        (jaxcolo.process.wedge).  A call fails for its caller at its first
+        host's error, so closing right after one is common."""
+        if getattr(self, "_addresses", None) is None or \
+                not hasattr(self, "_holding"):
+            return  # local workers end with the executor (or not started)
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not (self._holding or self._resuming):
+                    return
+            time.sleep(0.005)
 
     def _watch_stragglers(self, call: Call) -> None:
         """``call`` (multi-host) failed on one of its hosts: lose the hosts

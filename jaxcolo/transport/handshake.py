@@ -126,12 +126,12 @@ def inspect_hello(data, header) -> dict:
     return {"hello": hello}
 
 
-def _advice(hello: Hello, whose: str) -> str:
-    """What the side of ``hello`` must change: its version limit if its
-    software writes newer versions than it was told to speak, else its
-    jaxcolo."""
+def _advice(hello: Hello, whose: str, needed: int) -> str:
+    """What the side of ``hello`` must change to speak version ``needed``:
+    its version limit if its software writes that version but it was told
+    to speak older ones, else its jaxcolo."""
     m = re.search(r"schema (\d+)", hello.software or "")
-    if m and int(m.group(1)) > hello.max_version:
+    if m and int(m.group(1)) >= needed > hello.max_version:
         option = "--max-version" if hello.role == "worker" else "max_version"
         return (f"raise {whose} {option} (its jaxcolo writes up to version "
                 f"{m.group(1)})")
@@ -143,9 +143,11 @@ def negotiate(local: Hello, remote: Hello, *, need: int = 1) -> int:
     agreed = min(local.max_version, remote.max_version)
     if agreed < max(local.min_version, remote.min_version, need):
         if local.max_version < remote.min_version or local.max_version < need:
-            advice = _advice(local, f"this {local.role}'s")
+            advice = _advice(local, f"this {local.role}'s",
+                             max(remote.min_version, need))
         else:
-            advice = _advice(remote, f"the {remote.role}'s")
+            advice = _advice(remote, f"the {remote.role}'s",
+                             max(local.min_version, need))
         needs = f" (executor calls need version >= {need})" if need > 1 else ""
         raise VersionError(
             f"no common payload version: this {local.role} speaks "
