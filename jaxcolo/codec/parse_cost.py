@@ -28,7 +28,7 @@ MAX_EXPONENT = 1024
 # worth; a sum of n terms: the largest term's plus the bits of n; a
 # product: its factors' added up; a power: its base's times the exponent;
 # max/min/mod/floordiv: the larger operand's, their difference one more; a
-# name: what its scope's constraints bound it by, see scope_bits); text
+# name: what its scope's constraints make it, see constraint_bits); text
 # whose bound is over this many bits is refused.  (JAX prints dims that fit
 # in int64.)
 MAX_MAGNITUDE_BITS = 1024
@@ -48,18 +48,18 @@ _TERM_ENDS = (tokenize.PLUS, tokenize.MINUS, tokenize.COMMA)
 _SKIPPED = (tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT)
 
 
-class _Cost(NamedTuple):
+class Cost(NamedTuple):
     units: int                  # parse units the model charges
     refused: str | None = None  # why no reader parses it
     counted: bool = False       # past the model: count JAX's work
 
 
-def parse_cost(text: str, name_bits: int = 0) -> _Cost:
+def parse_cost(text: str, name_bits: int = 0) -> Cost:
     """What parsing ``text`` costs, by the tokens JAX's parser will see
     (``name_bits``: the bits of the bounds of its names, see
-    :func:`scope_bits`)."""
+    :func:`constraint_bits`)."""
     if _LINE_BREAKS.search(text):  # JAX never prints these
-        return _Cost(0, "has a line break, backslash or control character")
+        return Cost(0, "has a line break, backslash or control character")
     cost = len(text)
     counted = False  # a limit of the model was passed
     opens: list[tuple[bool, int]] = []  # per open parenthesis: (opened by
@@ -81,7 +81,7 @@ def parse_cost(text: str, name_bits: int = 0) -> _Cost:
                 except ValueError:
                     power = None
                 if power is None or power > MAX_EXPONENT:
-                    return _Cost(0, f"has an exponent {tok.string[:20]!r} "
+                    return Cost(0, f"has an exponent {tok.string[:20]!r} "
                                  f"above {MAX_EXPONENT}")
                 if power > MODELLED_EXPONENT:
                     counted = True
@@ -116,20 +116,20 @@ def parse_cost(text: str, name_bits: int = 0) -> _Cost:
                 factors = 0
             prev, prev_text = kind, tok.string
     except (tokenize.TokenError, SyntaxError) as e:
-        return _Cost(0, f"is not valid symbolic text ({e.args[0]})")
+        return Cost(0, f"is not valid symbolic text ({e.args[0]})")
     walk = _Walk(toks, name_bits)
     terms = walk.run()
     if walk.too_deep:
-        return _Cost(0, f"nests operations more than {_MAX_DEPTH} deep")
+        return Cost(0, f"nests operations more than {_MAX_DEPTH} deep")
     if walk.bits > MAX_MAGNITUDE_BITS:
-        return _Cost(0, f"makes JAX compute ints of more than "
+        return Cost(0, f"makes JAX compute ints of more than "
                      f"{MAX_MAGNITUDE_BITS} bits (constants, powers of "
                      "them, or bounds its constraints give)")
     if counted or terms > MAX_TERMS:
-        return _Cost(cost, None, True)
+        return Cost(cost, None, True)
     if inside:  # unclosed: the parser will refuse it
         cost += _MINMAX_COST[min(group, MAX_MINMAX_GROUP)]
-    return _Cost(cost + _TERM_COST * terms)
+    return Cost(cost + _TERM_COST * terms)
 
 
 def magnitude(text: str, name_bits: int = 0) -> int:
