@@ -279,8 +279,12 @@ class HostSet:
         # not on this (reader) thread: a held link may be busy sending
         with self._lock:
             self._resuming += 1
-        threading.Thread(target=self._send_resumes, args=(resume,),
-                         daemon=True, name="jaxcolo-resume").start()
+        try:
+            threading.Thread(target=self._send_resumes, args=(resume,),
+                             daemon=True, name="jaxcolo-resume").start()
+        except RuntimeError:  # no thread (interpreter exit): none to send
+            with self._lock:
+                self._resuming -= 1
 
     def _send_resumes(self, resume) -> None:
         try:
