@@ -324,6 +324,37 @@ def test_methods_submit_in_order(executor):
     assert [int(f.result(10)) for f in futs] == list(range(20))
 
 
+class _BadInit:
+    def __init__(self):
+        self.buf = bytearray(1 << 20)
+        raise ValueError("bad config")
+
+    def f(self, x):
+        return x
+
+
+def test_instances_whose_init_failed_are_destroyed(executor):
+    """The executor kept __init__'s error and raised it again at each call:
+    each raise added its callers' frames to it, and they led back to the
+    instance's wrapper, which then never destroyed the instance (its
+    programs and half-built object stayed until close)."""
+    Bad = jaxcolo.colocated_python_class(_BadInit)
+    x = put(1, cpu_devices()[0])
+    _collect_and_call(x)
+    before = _programs_held(executor)
+    for _ in range(3):
+        bad = Bad()
+        for _ in range(2):
+            with pytest.raises(ValueError, match="bad config") as info:
+                bad.f(x)
+        assert any(n.startswith("Traceback of __init__") and
+                   "in __init__" in n for n in info.value.__notes__)
+        del bad, info
+        gc.collect()
+    _collect_and_call(x)
+    assert _programs_held(executor) == before
+
+
 def test_init_errors_reach_the_caller(executor):
     @jaxcolo.colocated_python_class
     class Broken:

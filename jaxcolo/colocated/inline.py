@@ -15,7 +15,9 @@ owned by that lane.  Lanes do not wait for each other.
 from __future__ import annotations
 
 import collections
+import copy
 import threading
+import traceback
 from concurrent.futures import Future
 from typing import Hashable, Sequence
 
@@ -62,6 +64,39 @@ class _Instance:
         self.lock = threading.Lock()
         self.obj = self.error = None
         self.ready = False
+
+    def fail(self, e: Exception) -> None:
+        """Keep ``e``, raised by ``__init__``: its traceback as a note, not
+        as frames (they lead back to the first call's callers, and through
+        them to the instance's wrapper, which then never destroyed it)."""
+        tb = e.__traceback__.tb_next  # __init__'s frames, not this call's
+        try:
+            e.add_note("Traceback of __init__ (it ran at the instance's "
+                       "first call):\n" + "".join(traceback.format_tb(tb)))
+        except Exception:  # noqa: BLE001 - __notes__ not a list
+            pass
+        seen, chained = set(), e
+        while chained is not None and id(chained) not in seen:
+            seen.add(id(chained))  # causes' frames lead back there too
+            chained.__traceback__ = None
+            chained = chained.__cause__ or chained.__context__
+        self.error = e
+
+    def failed(self) -> BaseException:
+        """A copy of the error ``__init__`` raised, to raise (a raise adds
+        its callers' frames to the exception: the stored one would keep
+        them)."""
+        e = self.error
+        try:
+            fresh = copy.copy(e)
+        except Exception:  # noqa: BLE001 - an __init__ wanting other args
+            return e.with_traceback(None)  # (keeps one call's frames)
+        fresh.__cause__ = e.__cause__
+        fresh.__suppress_context__ = e.__suppress_context__
+        notes = getattr(e, "__notes__", None)
+        if isinstance(notes, list):  # its own: callers add notes to it
+            fresh.__notes__ = list(notes)
+        return fresh
 
 
 class _Lane:
@@ -233,10 +268,10 @@ class InlineExecutor(Executor):
                         inst.obj = cls(*init_args, **init_kwargs)
                         self._stats["instances_created"] += 1
                     except Exception as e:
-                        inst.error = e
+                        inst.fail(e)
                     inst.ready = True
         if inst.error is not None:
-            raise inst.error
+            raise inst.failed()
         return inst.obj
 
     def _destroy(self, instance_id: int) -> None:
