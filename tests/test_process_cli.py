@@ -1,6 +1,7 @@
 """``jaxcolo worker`` as its own command, and a ProcessExecutor connecting
 to running workers by address (one host, and a two-host cluster)."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxcolo
 from jaxcolo.process.launch import free_port
-from tests.colocated_support import cpu_devices
+from tests.colocated_support import cpu_devices, put
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -225,6 +226,57 @@ def test_a_host_lost_during_a_failed_multi_host_call_marks_the_cluster_wedged(
     finally:
         if proxy is not None:
             proxy.close()
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(10)
+
+
+class _Adder:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, x):
+        self.n += 1
+        return x + self.n
+
+
+def test_a_lost_worker_does_not_keep_an_instance_alive_on_the_others(
+        keyfile):
+    """Two independent running workers; an instance used on both; one
+    worker is lost.  The instance was forgotten on every host, so dropping
+    it sent no destroy to the worker still running: its part stayed until
+    the session ended."""
+    procs = [_start(keyfile, "--local-devices", "4", "--device-map", ids)
+             for ids in ("0,1,2,3", "4,5,6,7")]
+    try:
+        addrs = [_address(p) for p in procs]
+        Adder = jaxcolo.colocated_python_class(_Adder)
+        devs = cpu_devices()
+        xa, xb = put(np.float32(1), devs[0]), put(np.float32(1), devs[4])
+        with jaxcolo.ProcessExecutor(addresses=addrs,
+                                     authkey=keyfile.read_bytes()) as ex, \
+                jaxcolo.use_executor(ex), ex.timeout(30):
+            adder = Adder()
+            assert float(adder.add(xa)) == 2.0
+            assert float(adder.add(xb)) == 2.0
+            procs[1].kill()
+            procs[1].wait(10)
+            deadline = time.monotonic() + 10
+            while not ex._links[1].is_lost:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            with pytest.raises(jaxcolo.ExecutorError, match="was lost"):
+                adder.add(xa)  # part of its state is gone
+            del adder
+            gc.collect()
+            one = jaxcolo.colocated_python(lambda v: v * 2)
+            assert float(one(xa)) == 2.0  # sends the queued destroy first
+            deadline = time.monotonic() + 10
+            while ex.stats()["hosts"][0].get("instances_destroyed", 0) < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
         for p in procs:
             p.kill()
         for p in procs:

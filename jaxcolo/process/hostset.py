@@ -397,8 +397,9 @@ class HostSet:
                                       "there, was lost")
                     self._holding.discard(call)
             for iid, hosts in list(self._instances.items()):
-                if any(self._links[h] in lost for h in hosts):
-                    del self._instances[iid]
+                gone = {h for h in hosts if self._links[h] in lost}
+                if gone:  # the other hosts' parts still get their destroy
+                    self._instances[iid] = hosts - gone
                     self._lost_instances[iid] = f"{link.describe} was lost"
             if restart:
                 self._ready.clear()
