@@ -688,6 +688,32 @@ def test_an_executor_dropped_without_close_is_collected_and_stops():
         time.sleep(0.05)
 
 
+class _Plus:
+    def add(self, x):
+        return x + 1
+
+
+def test_a_live_instance_does_not_keep_a_dropped_executor():
+    """Instances held the executors their methods ran on: one dropped
+    without close() lived on, with its workers, while any such instance
+    did (nothing can reach that host state any more)."""
+    ex = jaxcolo.ProcessExecutor(num_hosts=1)
+    pids = ex.worker_pids()
+    plus = jaxcolo.colocated_python_class(_Plus)()
+    with jaxcolo.use_executor(ex):
+        assert int(plus.add(put(np.int32(1), cpu_devices()[0]))) == 2
+    ref = weakref.ref(ex)
+    del ex
+    gc.collect()
+    assert ref() is None
+    deadline = time.monotonic() + 10
+    while any(_running(p) for p in pids):
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.05)
+    del plus  # its destroy finds no executor: nothing to do
+    gc.collect()
+
+
 def _one_second(x):
     time.sleep(1.0)
     return x

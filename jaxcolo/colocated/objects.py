@@ -39,29 +39,39 @@ _NOT_COPYABLE = ("a colocated_python_class {0!r} instance lives on its hosts "
 
 
 class HostInstances:
-    """Where one instance may live: the executors that ran its methods.
+    """Where one instance may live: the executors that ran its methods,
+    held weakly (an executor dropped without close() is still collected,
+    and stops its workers, while instances that ran there live on).
     ``destroy`` drops it there (run once the instance state is collected)."""
 
     def __init__(self, instance_id: int):
         self.id = instance_id
-        self._executors: list = []
-        self._last = None
+        self._executors: list = []  # weak references
+        self._last = None           # the last one's weak reference
         self._lock = threading.Lock()
 
     def track(self, executor) -> None:
         """Remember an executor that may hold a host instance."""
-        if executor is self._last:
+        last = self._last
+        if last is not None and last() is executor:
             return
         with self._lock:
-            if all(e is not executor for e in self._executors):
-                self._executors.append(executor)
-            self._last = executor
+            ref = next((r for r in self._executors if r() is executor), None)
+            if ref is None:
+                self._executors = [r for r in self._executors
+                                   if r() is not None]
+                ref = weakref.ref(executor)
+                self._executors.append(ref)
+            self._last = ref
 
     def destroy(self) -> None:
         with self._lock:
             executors, self._executors, self._last = self._executors, [], None
         lane = current_lane()
-        for ex in executors:
+        for ref in executors:
+            ex = ref()
+            if ex is None:  # collected: it stopped its hosts
+                continue
             try:
                 ex.destroy_instance(self.id, lane=lane)
             except Exception:  # a closed executor has no instances left
