@@ -127,7 +127,11 @@ def test_copies_share_the_instance_deep_copies_are_refused(executor, flags):
                            rf"'Counter' instance lives on its hosts and "
                            rf"cannot be {how} "):
             fn(a)
-    del a
+    # A method copies as a function does: itself (a structure holding
+    # obj.bump can be deep-copied; it raised TypeError).
+    bump = a.bump
+    assert copy.copy(bump) is bump and copy.deepcopy([bump])[0] is bump
+    del a, bump
     gc.collect()
     assert int(b.bump(x)) == 3  # the copy keeps it alive
     assert not flags()["destroyed"]

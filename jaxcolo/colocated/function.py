@@ -277,6 +277,12 @@ class ColocatedFunction:
             raise TypeError(f"cannot pickle colocated method {self!r}")
         return _rebuild, (self._target.fn, self._specialization)
 
+    def __copy__(self):  # as a function's: itself (a method keeps its
+        return self      # instance; pickling one still raises)
+
+    def __deepcopy__(self, memo):
+        return self
+
     def __get__(self, obj, objtype=None):  # behaves like a function in classes
         return self if obj is None else functools.partial(self, obj)
 
