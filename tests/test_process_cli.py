@@ -1,6 +1,7 @@
 """``jaxcolo worker`` as its own command, and a ProcessExecutor connecting
 to running workers by address (one host, and a two-host cluster)."""
 
+import contextlib
 import gc
 import os
 import subprocess
@@ -31,6 +32,28 @@ def _address(proc) -> str:
     line = proc.stdout.readline()
     assert " listening on 127.0.0.1:" in line, line
     return line.split()[-1]
+
+
+@contextlib.contextmanager
+def _workers(keyfile, *arg_lists, stop="kill"):
+    """Worker commands, one started with each of ``arg_lists``: yields
+    (processes, their addresses); stopped (``kill`` or ``terminate``) and
+    waited for at the end."""
+    procs = [_start(keyfile, *args) for args in arg_lists]
+    try:
+        yield procs, [_address(p) for p in procs]
+    finally:
+        for p in procs:
+            getattr(p, stop)()
+        for p in procs:
+            p.wait(10)
+
+
+def _cluster_args(hosts: int = 2) -> list:
+    """Worker arguments of a ``hosts``-host jax.distributed cluster."""
+    coord = f"127.0.0.1:{free_port()}"
+    return [("--num-hosts", str(hosts), "--host-index", str(i),
+             "--coordinator", coord) for i in range(hosts)]
 
 
 @pytest.fixture
@@ -119,11 +142,8 @@ def test_a_controller_stalling_mid_frame_is_disconnected(keyfile):
 
 
 def test_two_worker_commands_form_a_cluster(keyfile):
-    coord = f"127.0.0.1:{free_port()}"
-    procs = [_start(keyfile, "--num-hosts", "2", "--host-index", str(i),
-                    "--coordinator", coord) for i in range(2)]
-    try:
-        addrs = [_address(p) for p in procs]
+    with _workers(keyfile, *_cluster_args(), stop="terminate") \
+            as (procs, addrs):
         devs = cpu_devices()
         x = jax.device_put(np.arange(8.0), NamedSharding(
             Mesh(np.array(devs), ("x",)), P("x")))
@@ -169,11 +189,6 @@ def test_two_worker_commands_form_a_cluster(keyfile):
             with pytest.raises(jaxcolo.ExecutorError, match="wedged"):
                 total(x * 100)
             assert float(one(y)) == 6.0
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(10)
 
 
 def _sum_unless_host0_refuses(x):
@@ -191,13 +206,8 @@ def test_a_host_lost_during_a_failed_multi_host_call_marks_the_cluster_wedged(
     Now the cluster is marked wedged at once."""
     from tests.throttle import ThrottledProxy
 
-    coord = f"127.0.0.1:{free_port()}"
-    procs = [_start(keyfile, "--num-hosts", "2", "--host-index", str(i),
-                    "--coordinator", coord) for i in range(2)]
-    proxy = None
-    try:
-        addrs = [_address(p) for p in procs]
-        proxy = ThrottledProxy(addrs[1], rate=None)
+    with _workers(keyfile, *_cluster_args()) as (procs, addrs), \
+            contextlib.closing(ThrottledProxy(addrs[1], rate=None)) as proxy:
         devs = cpu_devices()
         x = jax.device_put(np.arange(8.0), NamedSharding(
             Mesh(np.array(devs), ("x",)), P("x")))
@@ -223,13 +233,6 @@ def test_a_host_lost_during_a_failed_multi_host_call_marks_the_cluster_wedged(
             y = jax.device_put(np.float32(3), devs[0])
             one = jaxcolo.colocated_python(lambda v: v * 2)
             assert float(one(y)) == 6.0  # single-host calls go on
-    finally:
-        if proxy is not None:
-            proxy.close()
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait(10)
 
 
 class _Adder:
@@ -247,10 +250,9 @@ def test_a_lost_worker_does_not_keep_an_instance_alive_on_the_others(
     worker is lost.  The instance was forgotten on every host, so dropping
     it sent no destroy to the worker still running: its part stayed until
     the session ended."""
-    procs = [_start(keyfile, "--local-devices", "4", "--device-map", ids)
-             for ids in ("0,1,2,3", "4,5,6,7")]
-    try:
-        addrs = [_address(p) for p in procs]
+    with _workers(keyfile, *[("--local-devices", "4", "--device-map", ids)
+                             for ids in ("0,1,2,3", "4,5,6,7")]) \
+            as (procs, addrs):
         Adder = jaxcolo.colocated_python_class(_Adder)
         devs = cpu_devices()
         xa, xb = put(np.float32(1), devs[0]), put(np.float32(1), devs[4])
@@ -276,11 +278,6 @@ def test_a_lost_worker_does_not_keep_an_instance_alive_on_the_others(
             while ex.stats()["hosts"][0].get("instances_destroyed", 0) < 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait(10)
 
 
 def _raise_everywhere(x):
@@ -293,11 +290,7 @@ def test_closing_right_after_a_failed_multi_host_call_keeps_workers_serving(
     first host's error; closing then (an exception leaving the ``with``)
     ended the sessions before the resumes went out, so the workers held and
     refused every later controller's multi-host calls for good."""
-    coord = f"127.0.0.1:{free_port()}"
-    procs = [_start(keyfile, "--num-hosts", "2", "--host-index", str(i),
-                    "--coordinator", coord) for i in range(2)]
-    try:
-        addrs = [_address(p) for p in procs]
+    with _workers(keyfile, *_cluster_args()) as (procs, addrs):
         x = jax.device_put(np.arange(8.0), NamedSharding(
             Mesh(np.array(cpu_devices()), ("x",)), P("x")))
 
@@ -314,11 +307,6 @@ def test_closing_right_after_a_failed_multi_host_call_keeps_workers_serving(
                         jaxcolo.use_executor(ex):
                     assert float(total(x)) == 28.0
                     bad(x)
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait(10)
 
 
 def _sleep_then_add(x):
@@ -334,13 +322,8 @@ def test_a_host_lost_while_others_run_a_multi_host_call_starts_their_watch(
     until that part ended by itself (forever, for a stuck collective)."""
     from tests.throttle import ThrottledProxy
 
-    coord = f"127.0.0.1:{free_port()}"
-    procs = [_start(keyfile, "--num-hosts", "2", "--host-index", str(i),
-                    "--coordinator", coord) for i in range(2)]
-    proxy = None
-    try:
-        addrs = [_address(p) for p in procs]
-        proxy = ThrottledProxy(addrs[1], rate=None)
+    with _workers(keyfile, *_cluster_args()) as (procs, addrs), \
+            contextlib.closing(ThrottledProxy(addrs[1], rate=None)) as proxy:
         devs = cpu_devices()
         mesh = Mesh(np.array(devs), ("x",))
         sleepy = jaxcolo.colocated_python(_sleep_then_add)
@@ -362,13 +345,6 @@ def test_a_host_lost_while_others_run_a_multi_host_call_starts_their_watch(
             t0 = time.monotonic()
             assert float(one(y)) == 6.0
             assert time.monotonic() - t0 < 15  # not the 30 s part
-    finally:
-        if proxy is not None:
-            proxy.close()
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait(10)
 
 
 @pytest.mark.parametrize("args,reason", [

@@ -1038,6 +1038,19 @@ def _sum_program():
                                        NamedSharding(mesh, P("x")))
 
 
+def _right_or_interrupted(f, make, ks, why: str) -> None:
+    """Sums of ``make(k)`` for ``ks``: each is right, or fails with an
+    ExecutorError saying ``why`` -- never wrong; the last is right."""
+    outcomes = []
+    for k in ks:
+        try:
+            outcomes.append(float(f(make(k))) == 8.0 * k)
+        except jaxcolo.ExecutorError as e:
+            assert why in str(e)
+            outcomes.append("interrupted")
+    assert outcomes[-1] is True and False not in outcomes, outcomes
+
+
 def test_a_host_failing_before_a_collective_restarts_the_cluster():
     """Host 0 raised while host 1 waited in the call's collective.  Host 1
     then paired that collective with host 0's *next* call: later calls
@@ -1051,14 +1064,8 @@ def test_a_host_failing_before_a_collective_restarts_the_cluster():
             assert float(f(make(1))) == 8.0
             with pytest.raises(ValueError, match="host 0 refuses"):
                 f(make(-1))
-            outcomes = []
-            for k in range(2, 6):  # each is right, or fails: never wrong
-                try:
-                    outcomes.append(float(f(make(k))) == 8.0 * k)
-                except jaxcolo.ExecutorError as e:
-                    assert "after it failed or timed out" in str(e)
-                    outcomes.append("interrupted")
-            assert outcomes[-1] is True and False not in outcomes, outcomes
+            _right_or_interrupted(f, make, range(2, 6),
+                                  "after it failed or timed out")
         assert ex.stats()["restarts"] == 1
         assert set(ex.worker_pids()).isdisjoint(pids)
 
@@ -1077,14 +1084,8 @@ def test_a_host_failing_before_the_first_collective_restarts_the_cluster():
             with pytest.raises(ValueError, match="host 0 refuses"):
                 f(make(-1))
             started = time.monotonic()
-            outcomes = []
-            for k in range(2, 5):  # each is right, or fails: never wrong
-                try:
-                    outcomes.append(float(f(make(k))) == 8.0 * k)
-                except jaxcolo.ExecutorError as e:
-                    assert "collectives are out of step" in str(e)
-                    outcomes.append("interrupted")
-            assert outcomes[-1] is True and False not in outcomes, outcomes
+            _right_or_interrupted(f, make, range(2, 5),
+                                  "collectives are out of step")
             assert time.monotonic() - started < 55  # not straggler_timeout
         assert ex.stats()["restarts"] == 1
         assert set(ex.worker_pids()).isdisjoint(pids)
