@@ -53,17 +53,16 @@ class Wedge:
                                 "controller ended before every host was "
                                 "done with it")
 
-    def finished(self, session, call_id, failed: bool) -> bool:
-        """A multi-host call of ``session`` returned; True if it was an
-        orphan (its session had ended)."""
+    def finished(self, session, call_id, failed: bool) -> None:
+        """A multi-host call of ``session`` returned (an orphan if its
+        session had ended)."""
         with self._lock:
             if (session, call_id) not in self._orphans:
-                return False
+                return
             self._orphans.discard((session, call_id))
             if failed and self._reason is None:
                 self._reason = ("a multi-host call of a controller served "
                                 "before failed here after it ended")
-            return True
 
 
 WEDGE = Wedge()
