@@ -117,9 +117,11 @@ class Executor(abc.ABC):
     def close(self) -> None:
         ...
 
-    def timeout(self, seconds: float | None):
+    def timeout(self, seconds: float | None, *, stated: float | None = None):
         """Context: this thread's calls inside time out after ``seconds``
-        (executors without timeouts ignore it)."""
+        (executors without timeouts ignore it).  ``stated``: the timeout
+        the caller set, for messages, when ``seconds`` is what was left of
+        it after a wait."""
         return contextlib.nullcontext(self)
 
     def call_timeout(self) -> float | None:

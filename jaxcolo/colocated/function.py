@@ -237,14 +237,15 @@ def call_deadline(executor) -> float | None:
 
 def time_left(executor, deadline, name: str):
     """Context: the executor's calls inside get what is left until
-    ``deadline`` as their timeout (ExecutorError if nothing is)."""
+    ``deadline`` as their timeout (ExecutorError if nothing is); their
+    timeout messages name the timeout the caller set."""
     if deadline is None:
         return contextlib.nullcontext()
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise ExecutorError(f"{name}: call timed out before it could be "
                             "sent (waiting for the output specs)")
-    return executor.timeout(remaining)
+    return executor.timeout(remaining, stated=executor.call_timeout())
 
 
 # Specialized.discover's answer when another thread discovered the specs.

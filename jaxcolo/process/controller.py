@@ -279,20 +279,30 @@ class ProcessExecutor(HostSet, CallSending, Executor):
                 pass  # a lost host has no instances left
 
     @contextlib.contextmanager
-    def timeout(self, seconds: float | None):
+    def timeout(self, seconds: float | None, *, stated: float | None = None):
         """Calls made by this thread inside the block time out after
-        ``seconds`` (None: no timeout)."""
-        previous = getattr(self._local, "timeout", False)
+        ``seconds`` (None: no timeout).  ``stated``: the timeout the caller
+        set, named in timeout messages when ``seconds`` is what was left
+        of it after a wait."""
+        previous = getattr(self._local, "timeout", False), \
+            getattr(self._local, "stated", None)
         self._local.timeout = check_timeout(seconds, "timeout")
+        self._local.stated = stated
         try:
             yield self
         finally:
-            self._local.timeout = previous
+            self._local.timeout, self._local.stated = previous
 
     def call_timeout(self) -> float | None:
         """This thread's timeout (``timeout()`` block), else call_timeout."""
         timeout = getattr(self._local, "timeout", False)
         return self._call_timeout if timeout is False else timeout
+
+    def _stated_timeout(self, timeout: float | None) -> float | None:
+        """The timeout to name in a message about ``timeout`` running out."""
+        if timeout is None:
+            return None
+        return getattr(self._local, "stated", None) or timeout
 
     def stats(self, timeout: float = 10.0) -> dict:
         """Controller counters, plus each host's (``hosts``) and their sums
@@ -323,8 +333,9 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         if plan.instance_id:
             self._check_instance(plan)
         timeout = self.call_timeout()
+        stated = self._stated_timeout(timeout)  # named in messages
         started = time.monotonic()
-        limit = None if timeout is None else (started + timeout, timeout)
+        limit = None if timeout is None else (started + timeout, stated)
         lane_id = self._lane(lane)
         call = Call(plan, discover, remote_errors.exception_from_reply)
         if len(plan.hosts) > 1:  # (Future's own method: inline, any thread;
@@ -345,7 +356,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
             if destroys.due():  # destroys requested before this call
                 if not destroys.flush(None if limit is None else limit[0]):
                     call.fail(ExecutorError(
-                        f"{plan.name}: call timed out after {timeout}s "
+                        f"{plan.name}: call timed out after {stated}s "
                         "waiting for the destroys of instances dropped "
                         "before it to be sent; it was not sent"))
                     return call
@@ -359,7 +370,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
                 destroys.done(iid)
             raise
         if timeout is not None:  # waits for a restart count too
-            self._deadlines.add(call, timeout, started)
+            self._deadlines.add(call, timeout, started, shown=stated)
         return call
 
     def _on_reply(self, link, call_id, m, get) -> None:

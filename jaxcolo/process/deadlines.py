@@ -62,12 +62,16 @@ class Deadlines:
         threading.Thread(target=self._run, daemon=True,
                          name="jaxcolo-deadlines").start()
 
-    def add(self, call, seconds: float, start: float | None = None) -> None:
+    def add(self, call, seconds: float, start: float | None = None, *,
+            shown: float | None = None) -> None:
         """Expire ``call`` ``seconds`` after ``start`` (a time.monotonic()
-        value; None: now)."""
+        value; None: now), handing ``on_expired`` ``shown`` (the timeout
+        the caller set, when ``seconds`` is what was left of it) or
+        ``seconds``."""
         if start is None:
             start = time.monotonic()
-        entry = [start + seconds, next(self._seq), call, seconds]
+        entry = [start + seconds, next(self._seq), call,
+                 seconds if shown is None else shown]
         # Future's own method: internal, runs inline in any thread
         Future.add_done_callback(call.future,
                                  lambda _, e=entry: e.__setitem__(2, None))
