@@ -254,7 +254,8 @@ def decode_mesh(reader, t, path):
         raise PayloadError("duplicate device ids in mesh", f"{path}.device_ids")
     devs = resolver.devices(ids, f"{path}.device_ids")
     arr = np.empty(len(devs), dtype=object)
-    arr[:] = devs
+    for k, dev in enumerate(devs):  # arr[:] = devs probes every device for
+        arr[k] = dev                # the array protocols: 14 us for 8
     try:
         mesh = jax.sharding.Mesh(arr.reshape(sizes), names, axis_types=types_)
     except Exception as e:
