@@ -232,10 +232,9 @@ def check_readable(header: Header, reader_version: int | None = None) -> None:
     _READABLE.add(key)
 
 
-def _check_readable(header: Header, reader_version: int | None) -> None:
-    reader = versions.SCHEMA_VERSION if reader_version is None else reader_version
-    lo = versions.version_info(reader).min_readable if reader in \
-        versions.known_versions() else versions.MIN_READABLE_VERSION
+def check_consistent(header: Header) -> None:
+    """PayloadError unless the header's versions agree with each other and
+    with its root kind (whatever reader is asking)."""
     if header.min_reader_version > header.writer_version or \
             header.min_reader_version < 1:
         raise PayloadError(
@@ -249,6 +248,13 @@ def _check_readable(header: Header, reader_version: int | None) -> None:
             f"a {feature} payload needs reader version >= {since}, but the "
             f"header declares min_reader_version {header.min_reader_version}",
             "$.header.min_reader_version")
+
+
+def _check_readable(header: Header, reader_version: int | None) -> None:
+    reader = versions.SCHEMA_VERSION if reader_version is None else reader_version
+    lo = versions.version_info(reader).min_readable if reader in \
+        versions.known_versions() else versions.MIN_READABLE_VERSION
+    check_consistent(header)
     if header.min_reader_version > reader:
         raise VersionError(
             f"payload needs a reader of version >= {header.min_reader_version} "
@@ -259,7 +265,8 @@ def _check_readable(header: Header, reader_version: int | None) -> None:
         raise VersionError(
             f"payload version {header.writer_version} is older than this "
             f"reader supports ({lo}..{reader})", "$.header.writer_version")
-    if feature is None:  # not a newer writer's kind: that is refused above
+    # (a newer writer's kind needs a newer reader: refused above)
+    if header.root_kind not in _ROOT_FEATURES:
         raise PayloadError(f"unknown root kind {header.root_kind}",
                            "$.header.root_kind")
 

@@ -27,51 +27,79 @@ def _payload_kind_name(kind: int) -> str:
     return ROOT_KIND_NAMES.get(kind, f"unknown({kind})")
 
 
-def readable_by(header) -> list[int]:
-    """Known reader versions that can read a payload with this header."""
+def readable_by(header, used=()) -> list[int]:
+    """Known reader versions that can read a payload with this header whose
+    content uses the LENIENT features ``used`` (``versions.noting_used``:
+    earlier writers stamped them readable by readers that refuse them)."""
+    needed = max((versions.FEATURE_SINCE[f] for f in used), default=1)
     out = []
     for v in versions.known_versions():
         try:
             envelope.check_readable(header, v)
         except PayloadError:
             continue
-        out.append(v)
+        if v >= needed:
+            out.append(v)
     return out
+
+
+def _envelope_fields(data, header) -> dict:
+    return {
+        "format": "jaxcolo",
+        "root_kind": _payload_kind_name(header.root_kind),
+        "writer_version": header.writer_version,
+        "min_reader_version": header.min_reader_version,
+        "readable_by_versions": None,  # after the content
+        "size": len(data),
+        "crc32": f"{header.crc32:08x}",
+    }
 
 
 @reports_malformed
 @envelope.shares_inflation
 def inspect(data) -> dict:
     """Describe any jaxcolo payload, or a JAX export payload (recognised by
-    the absence of jaxcolo's magic).  Raises PayloadError for bad bytes."""
+    the absence of jaxcolo's magic).  Raises PayloadError for bad bytes.
+    ``readable_by_versions`` is what ``jaxcolo check`` answers for each
+    known reader version."""
     if isinstance(data, (bytes, bytearray, memoryview)) and \
             not envelope.is_envelope(data):
         from jaxcolo.export.inspection import inspect_jax_export
         return inspect_jax_export(data)
     header = envelope.read_header(data)
-    out = {
-        "format": "jaxcolo",
-        "root_kind": _payload_kind_name(header.root_kind),
-        "writer_version": header.writer_version,
-        "min_reader_version": header.min_reader_version,
-        "readable_by_versions": readable_by(header),
-        "size": len(data),
-        "crc32": f"{header.crc32:08x}",
-    }
+    envelope.check_consistent(header)
+    out = _envelope_fields(data, header)
     from jaxcolo.payload import load_root
     load_root(header.root_kind)
     fn = INSPECTORS.get(header.root_kind)
-    if header.min_reader_version > versions.SCHEMA_VERSION:
-        # Content a newer writer says only newer readers understand: the
-        # header is all this reader can vouch for.
-        out["content_unavailable"] = (
-            f"needs a reader of version >= {header.min_reader_version}")
-    elif fn is None:
-        raise PayloadError(f"unknown root kind {header.root_kind}",
-                           "$.header.root_kind")
-    else:
-        out.update(fn(data, header))
+    with versions.noting_used() as used:
+        if header.min_reader_version > versions.SCHEMA_VERSION:
+            # Content a newer writer says only newer readers understand:
+            # the header is all this reader can vouch for.
+            out["content_unavailable"] = (
+                f"needs a reader of version >= {header.min_reader_version}")
+        elif fn is None:
+            raise PayloadError(f"unknown root kind {header.root_kind}",
+                               "$.header.root_kind")
+        else:
+            out.update(fn(data, header))
+    out["readable_by_versions"] = readable_by(header, used)
     return out
+
+
+def inspect_nested_spec_tree(data) -> tuple[dict, object]:
+    """``inspect`` of a spec-tree payload nested in another (a bundle's
+    specs, a program's in/out specs) and its tree (UNAVAILABLE if this
+    process lacks its devices or registrations), refusing what decoders
+    refuse there: any other root kind included.  Paths are relative to the
+    nested payload."""
+    header = envelope.read_header(data)
+    out = _envelope_fields(data, header)
+    with versions.noting_used() as used:
+        content, tree = describe_spec_tree(data, header)
+    out.update(content)
+    out["readable_by_versions"] = readable_by(header, used)
+    return out, tree
 
 
 MAX_NODES_SHOWN = 1024   # a larger structure is summarised, not printed
@@ -108,7 +136,16 @@ def clip(text: str, limit: int) -> str:
     return f"{text[:limit]}... ({len(text)} characters)"
 
 
+# describe_spec_tree's tree when this process cannot decode it
+UNAVAILABLE = object()
+
+
 def inspect_spec_tree(data, header) -> dict:
+    return describe_spec_tree(data, header)[0]
+
+
+def describe_spec_tree(data, header) -> tuple[dict, object]:
+    """(inspect content of a spec-tree payload, its tree or UNAVAILABLE)."""
     _, buf, root = spec_tree.open_spec_tree(data)
     reader = core.Reader(buf, root, spec_tree.L, make_resolver(None),
                          declared_min_reader=header.min_reader_version)
@@ -124,6 +161,7 @@ def inspect_spec_tree(data, header) -> dict:
         if n:
             tables[codec.field] = n
     out = {"tables": tables}
+    obj = UNAVAILABLE
     try:
         obj = spec_tree.decode_root(reader)
         from jax._src import tree_util as jtu
@@ -139,7 +177,7 @@ def inspect_spec_tree(data, header) -> dict:
         key = ("devices_unavailable" if isinstance(e, UnknownDeviceError)
                else "content_unavailable")
         out[key] = str(e)
-    return out
+    return out, obj
 
 
 from jaxcolo_fb import RootKind  # noqa: E402

@@ -870,8 +870,88 @@ def test_check_finds_a_mesh_without_axes_under_a_legacy_header():
             "header's min_reader_version 1 is what writers before 6 stamped)")
     for n in (6, 7):
         assert check_readable(legacy, n)[0]
+    # inspect says what check says (it read the header alone: 1..8)
+    assert jaxcolo.inspect(legacy)["readable_by_versions"] == \
+        list(range(6, jaxcolo.SCHEMA_VERSION + 1))
     plain = jaxcolo.serialize({"m": Mesh(np.array(jax.devices()), ("x",))})
     assert check_readable(plain, 1)[0]
+    assert jaxcolo.inspect(plain)["readable_by_versions"] == \
+        list(range(1, jaxcolo.SCHEMA_VERSION + 1))
+
+
+def test_inspect_refuses_a_header_newer_readers_would_refuse():
+    """min_reader_version above both the writer version and this reader:
+    inspect described it as a newer writer's payload, deserialize and
+    check call it malformed."""
+    bad = bytearray(jaxcolo.serialize([_leaf()]))
+    struct.pack_into("<HH", bad, 4, 3, jaxcolo.SCHEMA_VERSION + 1)
+    for fn in (jaxcolo.inspect, jaxcolo.deserialize):
+        with pytest.raises(jaxcolo.PayloadError, match=(
+                rf"^inconsistent header: min_reader_version "
+                rf"{jaxcolo.SCHEMA_VERSION + 1} vs writer_version 3 - at "
+                r"\$\.header\.min_reader_version$")):
+            fn(bytes(bad))
+
+
+def _small_export() -> bytes:
+    return bytes(je.serialize(jax.export.export(jax.jit(lambda x: x + 1))(
+        jax.ShapeDtypeStruct((2,), np.float32))))
+
+
+def _bundle_with_specs(specs: bytes, exp: bytes) -> bytes:
+    """An export bundle of ``exp`` whose specs field holds ``specs``."""
+    import jaxcolo_fb as fb
+    from jaxcolo.fastbuilder import FastBuilder
+    b = FastBuilder()
+    s = b.CreateByteVector(specs)
+    e = b.CreateByteVector(exp)
+    fb.ExportBundleStart(b)
+    fb.ExportBundleAddExported(b, e)
+    fb.ExportBundleAddSpecs(b, s)
+    b.Finish(fb.ExportBundleEnd(b))
+    return envelope.seal(b.Output(), RootKind.export_bundle,
+                         jaxcolo.SCHEMA_VERSION, 2)
+
+
+def test_inspect_refuses_nested_payloads_the_decoders_refuse():
+    """A bundle's specs and a program's in/out specs are spec trees (a
+    program's in specs an (args, kwargs) pair of sharded leaves): inspect
+    described any payload there (a JAX export, another bundle, a list) and
+    called them readable by 2..8, while deserialize and check refused them;
+    a bundle nested 400 deep in its specs was a RecursionError."""
+    exp = _small_export()
+    inner = _bundle_with_specs(jaxcolo.serialize([_leaf()]), exp)
+    deep = exp
+    for _ in range(400):
+        deep = _bundle_with_specs(deep, exp)
+    sds = jax.ShapeDtypeStruct((2,), np.float32, sharding=(
+        jax.sharding.SingleDeviceSharding(jax.devices()[0])))
+    program = encode_program(
+        name="f", kind="function", body=b"\x80\x04N.", out_specs=None,
+        device_ids=[0], in_specs=jaxcolo.serialize([sds]))
+    unsharded = encode_program(
+        name="f", kind="function", body=b"\x80\x04N.", out_specs=None,
+        device_ids=[0], in_specs=jaxcolo.serialize(((_leaf(),), {})))
+    cases = [
+        (_bundle_with_specs(exp, exp),
+         r"^not a jaxcolo payload .* - at \$\.specs\.header\.magic$"),
+        (_bundle_with_specs(inner, exp),
+         r"^root kind 3 is not a spec tree - at \$\.specs\.header\.root_kind$"),
+        (deep, r"^root kind 3 is not a spec tree - at \$\.specs\.header\.root_kind$"),
+        (program, r"^in_specs must be an \(args tuple, kwargs dict\) pair, "
+                  r"got list - at \$\.in_specs$"),
+        (unsharded, r"^leaf 0 is ShapeDtypeStruct, expected a ShapeDtypeStruct "
+                    r"with a sharding - at \$\.in_specs$"),
+    ]
+    for data, match in cases:
+        for fn in (jaxcolo.inspect, jaxcolo.deserialize):
+            with pytest.raises(jaxcolo.PayloadError, match=match):
+                fn(data)
+        assert not check_readable(data, jaxcolo.SCHEMA_VERSION)[0]
+    good = _bundle_with_specs(jaxcolo.serialize([_leaf()]), exp)
+    info = jaxcolo.inspect(good)
+    assert info["specs"]["root_kind"] == "spec_tree"
+    assert info["specs"]["num_leaves"] == 1
 
 
 def test_forged_headers_hiding_scope_identity_or_resume_are_refused():

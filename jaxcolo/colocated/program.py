@@ -219,27 +219,39 @@ def read_program(data, reader_version: int | None = None) -> RawProgram:
 def _decode_specs(data: bytes, field: str, resolver, writer_version: int, *,
                   args_kwargs: bool):
     try:
-        nested = envelope.read_header(data, check_crc=False)
-        if nested.writer_version > writer_version:
-            raise PayloadError(
-                f"spec payload of version {nested.writer_version} inside a "
-                f"program of version {writer_version}",
-                "$.header.writer_version")
+        check_nested_writer(data, writer_version)
         tree = spec_tree.decode_spec_tree(data, resolver)
+        check_spec_shape(tree, args_kwargs)
     except PayloadError as e:
         raise type(e)(e.reason, f"$.{field}{e.path[1:]}") from None
+    return tree
+
+
+def check_nested_writer(data: bytes, writer_version: int) -> None:
+    """PayloadError unless spec payload ``data`` is no newer than the
+    program (of ``writer_version``) holding it."""
+    nested = envelope.read_header(data, check_crc=False)
+    if nested.writer_version > writer_version:
+        raise PayloadError(
+            f"spec payload of version {nested.writer_version} inside a "
+            f"program of version {writer_version}", "$.header.writer_version")
+
+
+def check_spec_shape(tree, args_kwargs: bool) -> None:
+    """PayloadError (at "$") unless ``tree`` is what a program holds: an
+    ``(args tuple, kwargs dict)`` pair (``args_kwargs``) whose leaves, like
+    out specs' leaves, are ShapeDtypeStructs with shardings."""
     if args_kwargs and not (isinstance(tree, tuple) and len(tree) == 2 and
                             isinstance(tree[0], tuple) and
                             isinstance(tree[1], dict)):
         raise PayloadError("in_specs must be an (args tuple, kwargs dict) "
-                           f"pair, got {type(tree).__name__}", f"$.{field}")
+                           f"pair, got {type(tree).__name__}", "$")
     leaves = jtu.tree_leaves(tree)
     for i, leaf in enumerate(leaves):
         if type(leaf) is not jax.ShapeDtypeStruct or leaf.sharding is None:
             raise PayloadError(
                 f"leaf {i} is {type(leaf).__name__}, expected a "
-                "ShapeDtypeStruct with a sharding", f"$.{field}")
-    return tree
+                "ShapeDtypeStruct with a sharding", "$")
 
 
 @envelope.shares_inflation
@@ -268,13 +280,16 @@ def decode_program(data, device_resolver=None) -> Program:
 
 def inspect_program(data, header) -> dict:
     """``jaxcolo.inspect`` content of a program payload (body not loaded)."""
-    from jaxcolo.inspection import inspect as inspect_payload
+    from jaxcolo.inspection import UNAVAILABLE, inspect_nested_spec_tree
 
     raw = read_program(data, header.min_reader_version)
 
-    def specs(nested, field):
+    def specs(nested, field):  # refusing what decode_program refuses
         try:
-            info = inspect_payload(nested)
+            check_nested_writer(nested, raw.header.writer_version)
+            info, tree = inspect_nested_spec_tree(nested)
+            if tree is not UNAVAILABLE:
+                check_spec_shape(tree, field == "in_specs")
         except PayloadError as e:
             raise type(e)(e.reason, f"$.{field}{e.path[1:]}") from None
         keep = ("writer_version", "size", "structure", "num_leaves", "leaves",

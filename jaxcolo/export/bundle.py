@@ -96,12 +96,13 @@ def unbundle(data, device_resolver=None) -> ExportBundle:
 
 def inspect_bundle(data, header) -> dict:
     from jaxcolo.export.inspection import inspect_jax_export
-    from jaxcolo.inspection import inspect
+    from jaxcolo.inspection import inspect_nested_spec_tree
     exported, specs = open_bundle(data, header.min_reader_version)
     out = {"exported": _nested(lambda d: inspect_jax_export(d, nested=True),
                                exported, "$.exported")}
     if specs is not None:
-        out["specs"] = _nested(inspect, specs, "$.specs")
+        out["specs"] = _nested(lambda d: inspect_nested_spec_tree(d)[0],
+                               specs, "$.specs")
     return out
 
 
