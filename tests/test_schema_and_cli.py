@@ -117,6 +117,38 @@ def test_schema_check_catches_what_neither_compares(tmp_path, monkeypatch):
         "(jaxcolo/versions.py) and freeze, or revert the change"]
 
 
+@needs_flatc
+def test_freeze_refuses_a_schema_that_does_not_conform(tmp_path, monkeypatch,
+                                                       capsys):
+    """--freeze N froze whatever schema/ held: a frozen version never
+    changes, so a non-conforming one stayed.  It refuses that, and any N
+    but the next version once SCHEMA_VERSION says it."""
+    history = tmp_path / "history"
+    shutil.copytree(os.path.join(ROOT, "schema", "history"), history)
+    monkeypatch.setattr(check_schema, "HISTORY", str(history))
+    monkeypatch.setattr(check_schema, "SUMS", str(history / "SHA256SUMS"))
+    n = int(os.path.basename(check_schema.frozen_versions()[-1])[1:]) + 1
+    monkeypatch.setattr(check_schema, "SCHEMA_DIR", _schema_variant(
+        tmp_path, "spec.fbs", "  f16 = 9, f32 = 10,", "  f16 = 10, f32 = 9,"))
+    with pytest.raises(SystemExit, match=rf"cannot freeze v{n}: the next "
+                       rf"version is v{n} and SCHEMA_VERSION"):
+        check_schema.freeze(n)  # versions.py not bumped yet
+    monkeypatch.setattr(check_schema, "SCHEMA_VERSION", n)
+    with pytest.raises(SystemExit, match=rf"cannot freeze v{n + 1}"):
+        check_schema.freeze(n + 1)
+    with pytest.raises(SystemExit, match=rf"not freezing v{n}: the schema "
+                       "does not evolve the frozen versions compatibly"):
+        check_schema.freeze(n)
+    assert not (history / f"v{n}").exists()
+    monkeypatch.setattr(check_schema, "SCHEMA_DIR", _schema_variant(
+        tmp_path, "spec.fbs",
+        "  hlo_sharding: uint32;   // gspmd: index into SpecTree.hlo_shardings\n}",
+        "  hlo_sharding: uint32;\n  new_field: uint32;\n}"))
+    assert check_schema.freeze(n) == 0  # an appended field: frozen
+    assert (history / f"v{n}" / "spec.fbs").exists()
+    assert check_schema.check_frozen_files() == []
+
+
 def _cli(*args, check=True):
     env = dict(os.environ)
     return subprocess.run([sys.executable, "-m", "jaxcolo.cli", *args],

@@ -251,40 +251,65 @@ def frozen_versions() -> list[str]:
                   key=lambda d: int(os.path.basename(d)[1:]))
 
 
+def evolution_problems(frozen: list) -> list[str]:
+    """The current schema against each frozen version: flatc --conform,
+    then names, numbers and declarations (printing a line per version)."""
+    problems = []
+    current = os.path.join(SCHEMA_DIR, ROOT_FILE)
+    for d in frozen:
+        r = conform(d, current)
+        status = "ok" if r.returncode == 0 else "NOT CONFORMING"
+        print(f"flatc --conform {os.path.relpath(d, ROOT)}: {status}")
+        if r.returncode:
+            problems.append(f"does not conform to {os.path.relpath(d, ROOT)}:"
+                            f"\n{r.stdout}{r.stderr}")
+        renamed = compare_names(d, SCHEMA_DIR) + \
+            compare_declarations(d, SCHEMA_DIR)
+        print(f"names, numbers and declarations vs "
+              f"{os.path.relpath(d, ROOT)}: {'ok' if not renamed else 'CHANGED'}")
+        problems += [f"  {problem}" for problem in renamed]
+    return problems
+
+
+def freeze(n: int) -> int:
+    """Copy schema/*.fbs to history/vN: only the next version, only once
+    SCHEMA_VERSION says N, and only a schema that evolves every frozen one
+    compatibly (a frozen version never changes, so a bad freeze stays)."""
+    dest = os.path.join(HISTORY, f"v{n}")
+    if os.path.exists(dest):
+        sys.exit(f"{dest} exists: frozen versions never change")
+    frozen = frozen_versions()
+    last = int(os.path.basename(frozen[-1])[1:]) if frozen else 0
+    if n != last + 1 or n != SCHEMA_VERSION:
+        sys.exit(f"cannot freeze v{n}: the next version is v{last + 1} and "
+                 f"SCHEMA_VERSION (jaxcolo/versions.py) is {SCHEMA_VERSION}; "
+                 "add the version's row there first")
+    problems = check_frozen_files() if os.path.exists(SUMS) else []
+    if problems:
+        sys.exit("frozen versions were edited: " + "; ".join(problems))
+    problems = evolution_problems(frozen) + declarations(SCHEMA_DIR)[2]
+    if problems:
+        sys.exit(f"not freezing v{n}: the schema does not evolve the frozen "
+                 "versions compatibly:\n" + "\n".join(problems))
+    os.makedirs(dest)
+    for f in glob.glob(os.path.join(SCHEMA_DIR, "*.fbs")):
+        shutil.copy(f, dest)
+    write_sums()
+    print(f"froze schema as {os.path.relpath(dest, ROOT)}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--freeze", type=int, metavar="N")
     args = ap.parse_args()
     if args.freeze is not None:
-        dest = os.path.join(HISTORY, f"v{args.freeze}")
-        if os.path.exists(dest):
-            sys.exit(f"{dest} exists: frozen versions never change")
-        os.makedirs(dest)
-        problems = check_frozen_files() if os.path.exists(SUMS) else []
-        if problems:
-            sys.exit("frozen versions were edited: " + "; ".join(problems))
-        for f in glob.glob(os.path.join(SCHEMA_DIR, "*.fbs")):
-            shutil.copy(f, dest)
-        write_sums()
-        print(f"froze schema as {os.path.relpath(dest, ROOT)}")
-        return 0
-    failures = 0
-    current = os.path.join(SCHEMA_DIR, ROOT_FILE)
+        return freeze(args.freeze)
     versions = frozen_versions()
-    for d in versions:
-        r = conform(d, current)
-        status = "ok" if r.returncode == 0 else "NOT CONFORMING"
-        print(f"flatc --conform {os.path.relpath(d, ROOT)}: {status}")
-        if r.returncode:
-            failures += 1
-            print(r.stdout + r.stderr)
-        renamed = compare_names(d, SCHEMA_DIR) + \
-            compare_declarations(d, SCHEMA_DIR)
-        print(f"names, numbers and declarations vs "
-              f"{os.path.relpath(d, ROOT)}: {'ok' if not renamed else 'CHANGED'}")
-        for problem in renamed:
-            failures += 1
-            print(f"  {problem}")
+    problems = evolution_problems(versions)
+    for problem in problems:
+        print(problem)
+    failures = len(problems)
     if not versions:
         print("no frozen schema versions under schema/history yet")
         failures += 1

@@ -47,6 +47,14 @@ def main() -> int:
     d = os.path.join(GOLDEN, f"v{args.version}")
     if os.path.exists(os.path.join(d, "manifest.json")):
         sys.exit(f"{d} already has golden payloads: they never change")
+    if args.version != jaxcolo.SCHEMA_VERSION:
+        sys.exit(f"golden payloads are written by the version that releases "
+                 f"them: this jaxcolo writes version {jaxcolo.SCHEMA_VERSION}"
+                 f", not {args.version}")
+    if not os.path.exists(os.path.join(d, "objects.py")):
+        sys.exit(f"write {os.path.join(d, 'objects.py')} first: the objects "
+                 "the version's golden payloads hold (copy the previous "
+                 "version's and add what it introduced)")
     module = load_objects(args.version)
     objs = dict(module.objects())
     objs.update(module.symbolic_objects())
