@@ -85,3 +85,27 @@ def raise_with_cause(x):
         {}["missing"]
     except KeyError as e:
         raise Coded(3, where="the lookup") from e
+
+
+class Late:
+    """A pytree node type registered only when register_late() runs."""
+
+    def __init__(self, v):
+        self.v = v
+
+
+def register_late():
+    from jax._src.export import _export
+    if Late in _export.serialization_registry:
+        return
+    jax.tree_util.register_pytree_node(Late, lambda n: ((n.v,), None),
+                                       lambda _, ch: Late(ch[0]))
+    jax.export.register_pytree_node_serialization(
+        Late, serialized_name="tests.colocated_types.Late",
+        serialize_auxdata=lambda aux: b"",
+        deserialize_auxdata=lambda data: None)
+
+
+def register_late_here(x):
+    register_late()
+    return x

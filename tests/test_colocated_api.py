@@ -300,6 +300,22 @@ def test_non_array_outputs_are_rejected(executor):
         f(put(1, cpu_devices()[0]))
 
 
+def test_a_script_class_as_output_says_where_it_is_not_registered(executor):
+    """A class of the user's script as an output leaf: under a worker, a
+    pytree registration made in the script does not exist."""
+    class Holder:
+        def __init__(self, x):
+            self.x = x
+
+    Holder.__module__ = "__main__"
+    f = jaxcolo.colocated_python(lambda x: Holder(x))
+    with pytest.raises(ValueError, match=(
+            r"but got <class '__main__\..*Holder'> \(a pytree node type "
+            "registered in the script is not registered in ProcessExecutor "
+            r"workers: register it in a module\)\.$")):
+        f(put(1, cpu_devices()[0]))
+
+
 def test_tracers_are_rejected(executor):
     f = jaxcolo.colocated_python(lambda x: x)
     with pytest.raises(ValueError, match="traced values"):

@@ -181,6 +181,45 @@ def test_node_types_a_fresh_worker_has_not_imported():
         assert float(boxed(y).b) == 4.0
 
 
+def test_node_types_of_arguments_only():
+    """A function whose body does not name its arguments' node type's
+    module: the worker had no registration for it and refused every call
+    (UnregisteredError).  The body carries the type (by reference), as
+    JAX's pickled treedef does, so the worker imports its module."""
+    from tests import colocated_types as ct
+
+    dev = cpu_devices()[0]
+    x, y = put(np.float32(1), dev), put(np.float32(2), dev)
+    ident = jaxcolo.colocated_python(lambda v: v)  # names no module
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+        out = ident(ct.Box(x, y))
+        assert type(out) is ct.Box and float(out.b) == 2.0
+        out = ident({"p": ct.Pair(x, [ct.Box(y, x)])})
+        assert type(out["p"]) is ct.Pair and type(out["p"].right[0]) is ct.Box
+
+
+def test_a_node_type_registered_later_is_used_by_the_same_program():
+    """A program whose arguments' node type the worker had not registered
+    failed; it went on failing after the type was registered there (by a
+    function): the worker kept the first decode's error for the session."""
+    from tests import colocated_types as ct
+
+    ct.register_late()
+    dev = cpu_devices()[0]
+    x = put(np.float32(1), dev)
+    ident = jaxcolo.colocated_python(lambda v: v)
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+        with pytest.raises(jaxcolo.UnregisteredError, match=(
+                "pytree node type 'tests.colocated_types.Late' is not "
+                r"registered here \(use .*\); a worker has the "
+                "registrations of the modules it imports")):
+            ident(ct.Late(x))
+        jaxcolo.colocated_python(ct.register_late_here).specialize(
+            out_specs_fn=_identity)(x)
+        out = ident(ct.Late(x))
+        assert type(out) is ct.Late and float(out.v) == 1.0
+
+
 @pytest.mark.parametrize("shm", [True, False], ids=["shm", "frames"])
 def test_large_arrays_round_trip(shm):
     devs = cpu_devices()

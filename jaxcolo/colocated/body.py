@@ -11,11 +11,20 @@ lacks fails at load with a PayloadError naming the device id.
 Modules are pickled by reference (cloudpickle's rule for importable modules),
 so a module holding unpicklable state is never pickled along with a function,
 and module state written by one call is visible to the next on the same host.
+
+A body may *carry* types: the pytree node types of its program's arguments
+that live in importable modules, pickled by reference beside the function
+(``operator.getitem((fn, *types), 0)``: loading it, by any jaxcolo, gives the
+function and imports the modules, which register the types there -- as JAX's
+pickled treedefs do).  A worker whose payload names a node type it has not
+registered loads the body for that and decodes again.
 """
 
 from __future__ import annotations
 
 import io
+import operator
+import sys
 import threading
 
 import cloudpickle
@@ -58,8 +67,52 @@ class _BodyPickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
-def dumps_body(obj, *, version: int | None = None, what: str = "body") -> bytes:
-    """Pickle ``obj`` as a program body (spec objects as spec payloads).
+class _Carrying:
+    """``value`` pickled with ``types`` (by reference); loads as ``value``."""
+
+    __slots__ = ("value", "types")
+
+    def __init__(self, value, types):
+        self.value, self.types = value, types
+
+    def __reduce__(self):
+        return operator.getitem, ((self.value, *self.types), 0)
+
+
+_PLAIN_NODES = (tuple, list, dict, type(None))
+
+
+def types_to_carry(treedef) -> tuple:
+    """The node types of ``treedef`` a body carries: those (custom nodes,
+    namedtuples) defined in an importable module other than ``__main__``
+    (which a worker imports by name; a script's classes would be pickled by
+    value, without their registration), in first-seen order."""
+    found: dict = {}
+    stack = [treedef]
+    while stack:
+        t = stack.pop()
+        data = t.node_data()
+        if data is not None and data[0] not in _PLAIN_NODES and \
+                data[0] not in found and _importable(data[0]):
+            found[data[0]] = None
+        stack.extend(reversed(t.children()))
+    return tuple(found)
+
+
+def _importable(cls) -> bool:
+    module = getattr(cls, "__module__", None)
+    if module in (None, "__main__", "builtins", "collections"):
+        return False
+    obj = sys.modules.get(module)
+    for part in getattr(cls, "__qualname__", "<").split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
+
+
+def dumps_body(obj, *, version: int | None = None, what: str = "body",
+               carry: tuple = ()) -> bytes:
+    """Pickle ``obj`` as a program body (spec objects as spec payloads),
+    carrying the types ``carry`` (see the module docstring).
 
     Pickling errors propagate with their own type and a note naming ``what``.
     """
@@ -67,7 +120,7 @@ def dumps_body(obj, *, version: int | None = None, what: str = "body") -> bytes:
         p = _BodyPickler(f)
         p.version = version
         try:
-            p.dump(obj)
+            p.dump(_Carrying(obj, carry) if carry else obj)
         except Exception as e:
             e.add_note(f"jaxcolo: while pickling {what}")
             raise

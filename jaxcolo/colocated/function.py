@@ -39,7 +39,7 @@ from jax._src.lib import xla_client as xc
 from jaxcolo.codec import spec_tree
 from jaxcolo.codec.mesh import payload_id
 from jaxcolo.colocated import specs as specs_mod
-from jaxcolo.colocated.body import dumps_body
+from jaxcolo.colocated.body import dumps_body, types_to_carry
 from jaxcolo.colocated.cache import SignatureCache, fast_key
 from jaxcolo.colocated.executor import current_lane, get_executor
 from jaxcolo.colocated.program import ProgramRef, encode_program
@@ -93,10 +93,11 @@ class FunctionTarget:
         self.name = getattr(fn, "__name__", "unknown")
         self.source_info = _source_info(fn)
 
-    def body(self, version: int) -> bytes:
+    def body(self, version: int, carry: tuple = ()) -> bytes:
         """The function pickled now (each specialisation pickles its own
-        copy, as in JAX: globals it captures by value are as of then)."""
-        return dumps_body(self.fn, version=version,
+        copy, as in JAX: globals it captures by value are as of then),
+        carrying the node types ``carry``."""
+        return dumps_body(self.fn, version=version, carry=carry,
                           what=f"colocated function {self.name!r}")
 
 
@@ -143,7 +144,8 @@ class Specialized:
         t = self.target
         body = self._bodies.get(version)
         if body is None:  # one pickle for the discovery and full program
-            body = self._bodies.setdefault(version, t.body(version))
+            body = self._bodies.setdefault(version, t.body(
+                version, types_to_carry(self.in_treedef)))
         return ProgramRef.of(encode_program(
             name=t.name, kind=t.kind, body=body, in_specs=in_specs,
             out_specs=out_specs,

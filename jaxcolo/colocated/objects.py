@@ -91,19 +91,19 @@ class InstanceState:
         self.init_kwargs = init_kwargs
         self.id = secrets.randbits(63) or 1
         self.source_info = _source_info(cls)
-        self._bodies: dict[int, bytes] = {}
+        self._bodies: dict[tuple, bytes] = {}  # by (version, carry)
         self._lock = threading.Lock()
         self.hosts = HostInstances(self.id)
         self.track = self.hosts.track
         weakref.finalize(self, self.hosts.destroy)
 
-    def body(self, version: int) -> bytes:
+    def body(self, version: int, carry: tuple = ()) -> bytes:
         with self._lock:
-            data = self._bodies.get(version)
+            data = self._bodies.get((version, carry))
             if data is None:
-                data = self._bodies[version] = dumps_body(
+                data = self._bodies[version, carry] = dumps_body(
                     (self.cls, self.init_args, self.init_kwargs),
-                    version=version,
+                    version=version, carry=carry,
                     what=f"colocated class {self.cls.__name__!r} and its "
                          "constructor arguments")
             return data
@@ -123,8 +123,8 @@ class MethodTarget:
         self.source_info = state.source_info
         self.track = state.track
 
-    def body(self, version: int) -> bytes:
-        return self.state.body(version)
+    def body(self, version: int, carry: tuple = ()) -> bytes:
+        return self.state.body(version, carry)
 
 
 def colocated_python_class(cls: type) -> type:

@@ -18,9 +18,12 @@ def get_spec(x: Any) -> jax.ShapeDtypeStruct:
             "colocated_python functions cannot be called on traced values "
             f"(got {type(x).__name__}); call them outside jit/vmap/grad.")
     if not isinstance(x, jax.Array):
+        hint = "" if getattr(type(x), "__module__", None) != "__main__" else (
+            " (a pytree node type registered in the script is not registered "
+            "in ProcessExecutor workers: register it in a module)")
         raise ValueError(
             "colocated_python only supports jax.Array as input and output, "
-            f"but got {type(x)}.")
+            f"but got {type(x)}{hint}.")
     return jax.ShapeDtypeStruct(shape=x.shape, dtype=x.dtype,
                                 sharding=x.sharding,
                                 weak_type=getattr(x, "weak_type", False))

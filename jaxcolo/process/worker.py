@@ -39,7 +39,7 @@ from jaxcolo_fb import BufferWhere, MessageKind as K
 from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.colocated.program import ProgramRef
 from jaxcolo.errors import EncodeError, ExecutorError, HostWedgedError, \
-    PayloadError
+    PayloadError, UnavailableHereError, UnregisteredError
 from jaxcolo.process import arrays, messages
 from jaxcolo.process import main_types
 from jaxcolo.process.lanes import HoldingGate, LaneRunner
@@ -51,6 +51,11 @@ from jaxcolo.transport import blobs, channel as channel_mod
 log = logging.getLogger("jaxcolo.worker")
 RESUME_SINCE = FEATURE_SINCE["message_resume"]
 PROMOTE_AFTER = 0.005   # seconds a call may hold the reader thread
+UNREGISTERED_HINT = (
+    "; a worker has the registrations of the modules it imports (those of "
+    "the function's argument types and those its body refers to), not "
+    "those of the controller's script (__main__): register the type in a "
+    "module")
 
 
 class _Program:
@@ -316,21 +321,35 @@ class Session:
             raise PayloadError("program id does not match the program's "
                                "content", "$.program_id")
         entry = _Program(ref)
+        self._decode(entry, m.inflation)
+        self._programs[ref.id] = entry
+        self.stats["registered"] += 1
+        self._note_method(entry)
+
+    def _note_method(self, entry: _Program) -> None:
+        """A decoded method program goes with its instance's destroy."""
+        if entry.decoded is not None and entry.decoded.kind == "method":
+            self._instance_programs.setdefault(
+                entry.decoded.instance_id, []).append(entry.ref.id)
+
+    @staticmethod
+    def _decode(entry: _Program, inflation) -> None:
+        """Decode ``entry``'s program, or set the error each of its calls
+        gets."""
+        entry.error = None
         try:
-            prog = main_types.decode_importing(ref.payload, m.inflation)
-            entry.decoded = prog
+            prog = main_types.decode_importing(entry.ref.payload, inflation)
             entry.in_layouts = [arrays.Layout(s, True)
                                 for s in prog.in_leaves]
+            entry.decoded = prog
+        except UnregisteredError as e:
+            entry.error = UnregisteredError(e.reason + UNREGISTERED_HINT,
+                                            e.path)
         except PayloadError as e:  # reported to each call of the program
             entry.error = e
         except Exception as e:  # noqa: BLE001 - e.g. an indivisible sharding
             entry.error = PayloadError(f"unusable in_specs: {e!r}",
                                        "$.program.in_specs")
-        self._programs[ref.id] = entry
-        self.stats["registered"] += 1
-        if entry.decoded is not None and entry.decoded.kind == "method":
-            self._instance_programs.setdefault(
-                entry.decoded.instance_id, []).append(ref.id)
 
     def _destroy_instance(self, instance_id: int, lane) -> None:
         """Drop the instance and the method programs naming it (nothing
@@ -358,7 +377,12 @@ class Session:
                 raise PayloadError("call of a program that was never "
                                    "registered", "$.program_id")
             if entry.error is not None:
-                raise entry.error
+                if isinstance(entry.error, UnavailableHereError):
+                    # a type registered (a module imported) since then
+                    self._decode(entry, None)
+                    self._note_method(entry)
+                if entry.error is not None:
+                    raise entry.error
             wedged = WEDGE.reason() if m.ordered else None
             if wedged is not None:
                 raise HostWedgedError(
