@@ -300,6 +300,31 @@ def test_non_array_outputs_are_rejected(executor):
         f(put(1, cpu_devices()[0]))
 
 
+def test_arrays_made_by_the_body_land_on_its_first_device(executor):
+    """A body making a fresh array (``jnp.zeros``) and returning it: in a
+    worker it landed on the host's first device, inline on the process's
+    default device 0, so one program worked under one executor and failed
+    the output check under the other.  It lands on the program's first
+    device of the process running it, under every executor; an instance's
+    __init__ too."""
+    devs = cpu_devices()
+    fresh = jaxcolo.colocated_python(lambda x: jnp.zeros(3) + 1)
+    for d in (devs[0], devs[4], devs[5]):
+        out = fresh(put(1, d))
+        assert out.sharding == SingleDeviceSharding(d)
+        np.testing.assert_array_equal(np.asarray(out), np.ones(3))
+
+    class Keeper:
+        def __init__(self):
+            self.table = jnp.arange(3)
+
+        def get(self, x):
+            return self.table
+
+    keeper = jaxcolo.colocated_python_class(Keeper)()
+    assert keeper.get(put(1, devs[5])).sharding == SingleDeviceSharding(devs[5])
+
+
 def test_a_script_class_as_output_says_where_it_is_not_registered(executor):
     """A class of the user's script as an output leaf: under a worker, a
     pytree registration made in the script does not exist."""

@@ -21,6 +21,7 @@ import traceback
 from concurrent.futures import Future
 from typing import Hashable, Sequence
 
+import jax
 from jax._src import tree_util as jtu
 
 from jaxcolo.codec import spec_tree
@@ -38,10 +39,15 @@ class _Loaded:
     __slots__ = ("program", "n_in", "check_args", "in_treedef", "out_treedef",
                  "out_leaves", "body_key",
                  "fn", "lock", "seen_avals",
-                 "seen_shardings")
+                 "seen_shardings", "default_device")
 
     def __init__(self, program):
         self.program = program
+        # Arrays the body makes land on its first device of this process
+        # (as in a worker of its own, whatever the process default)
+        here = jax.process_index()
+        self.default_device = next(
+            (d for d in program.devices if d.process_index == here), None)
         in_leaves, self.in_treedef = jtu.tree_flatten(program.in_specs)
         self.n_in = len(in_leaves)
         self.check_args = specs_mod.ArgCheck(program.name, in_leaves)
@@ -288,9 +294,10 @@ class InlineExecutor(Executor):
     def _invoke(self, loaded: _Loaded, args: Sequence, checked=False):
         if not checked:  # Executor.call is public: other callers' arrays
             loaded.check_args(args)
-        fn = self._function(loaded)
-        a, kw = loaded.in_treedef.unflatten(args)
-        return jtu.tree_flatten(fn(*a, **kw))
+        with jax.default_device(loaded.default_device):
+            fn = self._function(loaded)  # (an instance is made here)
+            a, kw = loaded.in_treedef.unflatten(args)
+            return jtu.tree_flatten(fn(*a, **kw))
 
     def _run(self, loaded: _Loaded, args: Sequence, checked=False) -> list:
         leaves, treedef = self._invoke(loaded, args, checked)
