@@ -189,6 +189,21 @@ def test_two_worker_commands_form_a_cluster(keyfile):
             with pytest.raises(jaxcolo.ExecutorError, match="wedged"):
                 total(x * 100)
             assert float(one(y)) == 6.0
+            # Host 1 (devices 4..7) waits in that collective, which holds
+            # every multi-device program there (such a call waited for
+            # ever): refused while it runs; host 0's run
+            def pair(ds):
+                return jax.device_put(np.arange(2.0), NamedSharding(
+                    Mesh(np.array(ds), ("x",)), P("x")))
+
+            t0 = time.monotonic()
+            with pytest.raises(jaxcolo.HostWedgedError, match=(
+                    r"refuses calls on more than one device: a multi-host "
+                    r"call of a controller served before still runs here")):
+                one(pair(devs[6:8]))
+            assert time.monotonic() - t0 < 5
+            np.testing.assert_array_equal(np.asarray(one(pair(devs[0:2]))),
+                                          [0., 2.])
 
 
 def _sum_unless_host0_refuses(x):

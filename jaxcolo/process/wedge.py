@@ -15,8 +15,12 @@ or a hang).  So this process refuses multi-host calls with
   collective for hosts that gave up); once all of them returned, the hosts
   met in their collectives and it serves again.
 
-Single-host calls are not affected.  Local workers end with their executor;
-this matters for workers started with ``jaxcolo worker``.
+Single-host calls run, except those on more than one device while a
+multi-host call of an ended session still runs here: XLA runs no other
+multi-device program on this host while one waits in a collective, so they
+would wait with it (for ever, if it never returns); they are refused too,
+until it returns.  Local workers end with their executor; this matters for
+workers started with ``jaxcolo worker``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ class Wedge:
                         "still runs here (it may wait in a collective for "
                         "hosts that gave up)")
             return None
+
+    def orphans_running(self) -> bool:
+        """Whether a multi-host call of an ended session still runs."""
+        return bool(self._orphans)
 
     def session_ended(self, session, running, holding: bool) -> None:
         """``session`` ended with multi-host calls ``running`` (ids) and,

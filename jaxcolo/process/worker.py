@@ -383,10 +383,20 @@ class Session:
                     self._note_method(entry)
                 if entry.error is not None:
                     raise entry.error
-            wedged = WEDGE.reason() if m.ordered else None
-            if wedged is not None:
+            if m.ordered:
+                wedged = WEDGE.reason()
+                if wedged is not None:
+                    raise HostWedgedError(
+                        f"{self.where} refuses multi-host calls: {wedged}; "
+                        "restart every worker process of this cluster")
+            elif WEDGE.orphans_running() and \
+                    len(entry.decoded.devices) > 1:
                 raise HostWedgedError(
-                    f"{self.where} refuses multi-host calls: {wedged}; "
+                    f"{self.where} refuses calls on more than one device: a "
+                    "multi-host call of a controller served before still "
+                    "runs here (it may wait in a collective for hosts that "
+                    "gave up), and XLA runs no other multi-device program "
+                    "here until it returns; single-device calls run; "
                     "restart every worker process of this cluster")
             args = self._inputs(m, entry, get)
         except BaseException as e:
