@@ -287,6 +287,49 @@ def test_a_killed_controllers_segments_are_removed_by_its_worker():
     assert segments(p.pid) == []
 
 
+_KILLED_BEFORE_SENDING = r"""
+import os, time, jax, numpy as np, jaxcolo
+
+f = jaxcolo.colocated_python(lambda x: x).specialize(out_specs_fn=lambda x: x)
+ex = jaxcolo.ProcessExecutor(num_hosts=1)
+with jaxcolo.use_executor(ex):
+    f(jax.device_put(np.ones(4, np.float32), jax.devices()[0]))
+    # as a segment leased for a message not sent yet: no worker saw it
+    name = f"/dev/shm/jaxcolo-{os.getpid()}-0123456789ab-c0-7"
+    with open(name, "wb") as fh:
+        fh.write(b"x" * 4096)
+    print(ex.worker_pids()[0], flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_controllers_unsent_segments_are_removed_by_its_worker():
+    """A controller killed while it filled a segment for a message it had
+    not sent: the worker never saw the segment, so ending its session
+    left the file in tmpfs (RAM) for good (found by review: 350 MiB after
+    3 kills).  A worker whose controller died removes every segment of
+    that process."""
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_BEFORE_SENDING],
+                         stdout=subprocess.PIPE, text=True)
+    name = f"jaxcolo-{p.pid}-0123456789ab-c0-7"
+    try:
+        worker = int(p.stdout.readline())
+        assert name in os.listdir("/dev/shm")
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except OSError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the worker outlived its controller")
+    assert name not in os.listdir("/dev/shm")
+
+
 def test_a_handler_set_between_two_executors_is_put_back():
     """A open, the user installs H, B opens (replacing H) and closes: H is
     back, and closing A leaves it."""

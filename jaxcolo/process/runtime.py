@@ -25,6 +25,7 @@ import re
 import signal
 import sys
 import threading
+import time
 
 log = logging.getLogger("jaxcolo.worker")
 READY = "JAXCOLO_WORKER_READY"
@@ -167,11 +168,25 @@ def start_jax(args, local: int, blocks: list):
 
 
 def _watch_parent(pid: int) -> None:
-    import time
     while True:
         time.sleep(0.5)
         if os.getppid() != pid:
+            _remove_dead_parents_segments(pid, 0)
             os._exit(3)
+
+
+def _remove_dead_parents_segments(pid: int, wait: float) -> None:
+    """Once the controller that started this worker (``pid``) is dead --
+    waiting up to ``wait`` seconds for this process to be reparented --
+    remove its shared-memory segments: killed, it could not, and the ones
+    it made but had not sent yet are nobody else's to find."""
+    deadline = time.monotonic() + wait
+    while os.getppid() == pid:
+        if time.monotonic() >= deadline:
+            return  # alive: it closed its connection, and cleans up itself
+        time.sleep(0.02)
+    from jaxcolo.transport import blobs
+    blobs.unlink_process_segments(pid)
 
 
 def run(args) -> int:
@@ -220,6 +235,8 @@ def run(args) -> int:
         with lock:
             if state["session"] is session:
                 state["session"] = None
+        if args.parent_pid and not session.shutdown_requested:
+            _remove_dead_parents_segments(args.parent_pid, 2.0)
         if args.exit_with_controller:
             done.set()
 

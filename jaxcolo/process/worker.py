@@ -86,6 +86,7 @@ class Session:
         self.host_index = host_index
         self.where = f"host {host_index} (pid {os.getpid()})"
         self._on_end = on_end
+        self.shutdown_requested = False  # else the controller vanished
         self._inline = InlineExecutor()
         self._programs: dict[bytes, _Program] = {}
         self._instance_programs: dict[int, list] = {}  # id -> program ids
@@ -275,6 +276,7 @@ class Session:
                 K.stats, call_id=m.call_id, stats=self._stats()))
         elif kind == K.shutdown:
             log.info("%s: shutdown requested", self.where)
+            self.shutdown_requested = True
             return False
         elif kind == K.ping:
             pass
