@@ -247,10 +247,15 @@ class HostSet:
             if partial:
                 call.abandoned = True
                 self._holding.discard(call)
+                reached = {h for h, _ in call.links}
+                lost = [h for h in call.plan.hosts if h not in reached and
+                        h < len(self._links) and self._links[h].is_lost]
                 reason = (f"{call.plan.name} reached host(s) "
                           f"{[h for h, _ in running]} but not all of its "
-                          "hosts (their collectives would pair with the "
-                          "next call's)")
+                          "hosts" + (f", as host(s) {lost} were lost" if lost
+                                     else "") +
+                          " (their collectives would pair with the next "
+                          "call's)")
                 self._mark_wedged(call, reason)
         if partial:
             log.warning("%s", reason)
