@@ -220,6 +220,25 @@ def test_a_node_type_registered_later_is_used_by_the_same_program():
         assert type(out) is ct.Late and float(out.v) == 1.0
 
 
+def test_a_timeout_covers_copying_inputs_into_shared_memory():
+    """A 1 GiB input and a 0.3 s timeout timed out after 1.65 s (found by
+    review): the calling thread copied the input into shared memory before
+    the deadline was looked at.  The copy goes in 64 MiB pieces, checked."""
+    x = put(np.ones(64 << 20, np.float32), cpu_devices()[0])  # 256 MiB
+    f = jaxcolo.colocated_python(lambda v: v[:1]).specialize(
+        out_specs_fn=lambda s: jax.ShapeDtypeStruct((1,), s.dtype,
+                                                    sharding=s.sharding))
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+        assert float(f(x)[0]) == 1.0  # warm: the segment exists
+        with ex.timeout(0.001), pytest.raises(jaxcolo.ExecutorError, match=(
+                r"call timed out after 0\.001s while its inputs were copied "
+                r"into shared memory \(\d+ of 268435456 bytes copied\); it "
+                "was not sent")):
+            f(x)
+        assert float(f(x)[0]) == 1.0
+        assert ex.stats()["calls"] == 3
+
+
 @pytest.mark.parametrize("shm", [True, False], ids=["shm", "frames"])
 def test_large_arrays_round_trip(shm):
     devs = cpu_devices()

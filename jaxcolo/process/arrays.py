@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import time
 
 import jax
 import numpy as np
@@ -34,6 +35,7 @@ from jaxcolo.codec.mesh import payload_id
 from jaxcolo.errors import PayloadError
 from jaxcolo.process.messages import Shards
 
+COPY_CHUNK = 64 << 20      # bytes copied into shared memory between checks
 INLINE_LIMIT = 64 * 1024    # larger buffers go out of the message
 INLINE_TOTAL = 8 << 20      # a message carries at most this much data; more
                             # buffers (however small) go out of it too
@@ -129,6 +131,10 @@ def host_array(data, dtype) -> tuple[np.ndarray | bytes, int]:
     return encode_strings(np.asarray(data)), BufferFormat.strings
 
 
+class CopyDeadline(Exception):
+    """A Packer's deadline passed while it copied inputs (nothing sent)."""
+
+
 class Packer:
     """Builds the Shards of one message.
 
@@ -141,9 +147,11 @@ class Packer:
     past ``INLINE_TOTAL`` bytes of inline data, buffers go out of it.
     """
 
-    def __init__(self, pool=None, inline_limit: int = INLINE_LIMIT):
+    def __init__(self, pool=None, inline_limit: int = INLINE_LIMIT,
+                 deadline: float | None = None):
         self.pool = pool
         self.inline_limit = inline_limit
+        self.deadline = deadline  # (time.monotonic) CopyDeadline after
         self.s = Shards()
         self._chunks: list = []
         self._data_size = 0
@@ -151,6 +159,19 @@ class Packer:
         self.frames: list = []
         self.leases: list = []
         self._lease_objects: list = []
+
+    def _copy(self, dst, src) -> None:
+        """Copy into shared memory, in COPY_CHUNK pieces with the deadline
+        checked between them (a GiB takes about half a second)."""
+        n = len(src)
+        if self.deadline is None or n <= COPY_CHUNK:
+            np.copyto(dst, src)
+            return
+        for start in range(0, n, COPY_CHUNK):
+            if time.monotonic() >= self.deadline:
+                raise CopyDeadline(f"{start} of {n} bytes copied")
+            end = start + COPY_CHUNK
+            np.copyto(dst[start:end], src[start:end])
 
     def abandon(self) -> None:
         """Give back the shared-memory space of a message never sent."""
@@ -234,12 +255,12 @@ class Packer:
             self._data_size += n
         elif self.pool is not None and n > self.inline_limit and \
                 (lease := self._lease(n)) is not None:
-            np.copyto(lease.view, np.frombuffer(raw, np.uint8)
-                      if isinstance(raw, bytes) else raw)
+            self._lease_objects.append(lease)  # abandon() gives it back
+            self._copy(lease.view, np.frombuffer(raw, np.uint8)
+                       if isinstance(raw, bytes) else raw)
             if lease.announce is not None:
                 self.segments.append(lease.announce)
             self.leases.append(lease.id)
-            self._lease_objects.append(lease)
             s.where.append(BufferWhere.shm)
             s.offset.append(0)
             s.segment.append(lease.segment)

@@ -128,7 +128,7 @@ class CallSending:
         packer = None
         try:
             link.ensure_registered(plan.ref, deadline)
-            packer = arrays.Packer(link.pool)
+            packer = arrays.Packer(link.pool, deadline=deadline)
             devices = plan.host_devices[h]
             for i, x in enumerate(args):
                 packer.add(i, x, devices)
@@ -156,6 +156,14 @@ class CallSending:
                 f"could be sent to {link.describe} (its connection was busy "
                 "with earlier messages the worker had not read); it was "
                 "not sent"))
+        except arrays.CopyDeadline as e:
+            call.send_broken = True
+            with self._lock:
+                self._stats["timeouts"] += 1
+            self._fail_pending(call_id, ExecutorError(
+                f"{plan.name}: call timed out after {limit[1]}s while its "
+                f"inputs were copied into shared memory ({e}); it was not "
+                "sent"))
         except ExecutorError as e:
             call.send_broken = True
             self._fail_pending(call_id, ExecutorError(
