@@ -96,13 +96,17 @@ _USED: contextvars.ContextVar = contextvars.ContextVar("jaxcolo_used",
 @contextlib.contextmanager
 def noting_used():
     """Collect (into the set yielded) the LENIENT features that bodies
-    decoded inside the block use; decode memos are bypassed meanwhile."""
+    decoded inside the block use; decode memos are bypassed meanwhile.
+    Nested, the enclosing block's set gets them too."""
     used: set = set()
+    outer = _USED.get()
     token = _USED.set(used)
     try:
         yield used
     finally:
         _USED.reset(token)
+        if outer is not None:
+            outer.update(used)
 
 
 def noting() -> bool:

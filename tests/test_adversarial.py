@@ -877,6 +877,12 @@ def test_check_finds_a_mesh_without_axes_under_a_legacy_header():
     assert check_readable(plain, 1)[0]
     assert jaxcolo.inspect(plain)["readable_by_versions"] == \
         list(range(1, jaxcolo.SCHEMA_VERSION + 1))
+    # nested in a bundle too (the nested inspect's features were dropped)
+    bundled = _bundle_with_specs(legacy, _small_export())
+    assert [n for n in range(1, jaxcolo.SCHEMA_VERSION + 1)
+            if check_readable(bundled, n)[0]] == \
+        jaxcolo.inspect(bundled)["readable_by_versions"] == \
+        list(range(6, jaxcolo.SCHEMA_VERSION + 1))
 
 
 def test_inspect_refuses_a_header_newer_readers_would_refuse():

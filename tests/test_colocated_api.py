@@ -323,6 +323,26 @@ def test_arrays_made_by_the_body_land_on_its_first_device(executor):
 
     keeper = jaxcolo.colocated_python_class(Keeper)()
     assert keeper.get(put(1, devs[5])).sharding == SingleDeviceSharding(devs[5])
+    with jax.default_device(devs[3]):  # the caller's default: not the body's
+        assert fresh(put(1, devs[0])).sharding == SingleDeviceSharding(devs[0])
+
+
+def test_an_executor_subclass_with_a_timeout_of_its_own():
+    """A user's Executor whose timeout(seconds) predates timeout_left: its
+    first (discovery) call with a timeout set still runs (it was a
+    TypeError for an unexpected keyword)."""
+    import contextlib
+
+    class Timed(jaxcolo.InlineExecutor):
+        def call_timeout(self):
+            return 30.0
+
+        def timeout(self, seconds):
+            return contextlib.nullcontext(self)
+
+    f = jaxcolo.colocated_python(lambda x: x + 1)
+    with Timed() as ex, jaxcolo.use_executor(ex):
+        assert int(f(put(1, cpu_devices()[0]))) == 2
 
 
 def test_a_script_class_as_output_says_where_it_is_not_registered(executor):

@@ -214,6 +214,11 @@ def test_a_node_type_registered_later_is_used_by_the_same_program():
                 r"registered here \(use .*\); a worker has the "
                 "registrations of the modules it imports")):
             ident(ct.Late(x))
+        decoded = ex.stats()["hosts"][0]["programs_decoded"]
+        for _ in range(3):  # nothing registered since: not decoded again
+            with pytest.raises(jaxcolo.UnregisteredError):
+                ident(ct.Late(x))
+        assert ex.stats()["hosts"][0]["programs_decoded"] == decoded
         jaxcolo.colocated_python(ct.register_late_here).specialize(
             out_specs_fn=_identity)(x)
         out = ident(ct.Late(x))

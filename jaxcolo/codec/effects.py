@@ -178,6 +178,12 @@ def intern_prng_impl(writer, impl, path) -> int:
     return writer.intern("prng_impls", impl.name, impl.name)
 
 
+def registered_count() -> int:
+    """Effects and PRNG impls registered in this process (grows with each
+    registration)."""
+    return len(_EFFECTS_BY_NAME) + len(prng.prngs)
+
+
 def decode_prng_impl(name: str, path: str):
     impl = prng.prngs.get(name)
     if impl is None:

@@ -117,12 +117,16 @@ class Executor(abc.ABC):
     def close(self) -> None:
         ...
 
-    def timeout(self, seconds: float | None, *, stated: float | None = None):
+    def timeout(self, seconds: float | None):
         """Context: this thread's calls inside time out after ``seconds``
-        (executors without timeouts ignore it).  ``stated``: the timeout
-        the caller set, for messages, when ``seconds`` is what was left of
-        it after a wait."""
+        (executors without timeouts ignore it)."""
         return contextlib.nullcontext(self)
+
+    def timeout_left(self, seconds: float, stated: float):
+        """Context: ``timeout(seconds)`` where ``seconds`` is what a wait
+        left of the timeout ``stated`` the caller set (executors name that
+        one in their messages)."""
+        return self.timeout(seconds)
 
     def call_timeout(self) -> float | None:
         """Seconds a call this thread makes now may take, waits included

@@ -247,7 +247,10 @@ def time_left(executor, deadline, name: str):
     if remaining <= 0:
         raise ExecutorError(f"{name}: call timed out before it could be "
                             "sent (waiting for the output specs)")
-    return executor.timeout(remaining, stated=executor.call_timeout())
+    stated = executor.call_timeout()
+    left = getattr(executor, "timeout_left", None)  # (Executor's method)
+    return left(remaining, stated) if left is not None else \
+        executor.timeout(remaining)
 
 
 # Specialized.discover's answer when another thread discovered the specs.

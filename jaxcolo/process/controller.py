@@ -278,12 +278,17 @@ class ProcessExecutor(HostSet, CallSending, Executor):
             except ExecutorError:
                 pass  # a lost host has no instances left
 
-    @contextlib.contextmanager
-    def timeout(self, seconds: float | None, *, stated: float | None = None):
+    def timeout(self, seconds: float | None):
         """Calls made by this thread inside the block time out after
-        ``seconds`` (None: no timeout).  ``stated``: the timeout the caller
-        set, named in timeout messages when ``seconds`` is what was left
-        of it after a wait."""
+        ``seconds`` (None: no timeout)."""
+        return self._timeout_block(seconds, None)
+
+    def timeout_left(self, seconds: float, stated: float):
+        return self._timeout_block(seconds, stated)
+
+    @contextlib.contextmanager
+    def _timeout_block(self, seconds, stated):
+        """``stated``: the timeout to name in messages (None: ``seconds``)."""
         previous = getattr(self._local, "timeout", False), \
             getattr(self._local, "stated", None)
         self._local.timeout = check_timeout(seconds, "timeout")

@@ -32,10 +32,14 @@ import gc
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 
+from jax._src.export import _export as jexport
+
 from jaxcolo_fb import BufferWhere, MessageKind as K
+from jaxcolo.codec import effects as effects_codec
 from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.colocated.program import ProgramRef
 from jaxcolo.errors import EncodeError, ExecutorError, HostWedgedError, \
@@ -59,13 +63,21 @@ UNREGISTERED_HINT = (
 
 
 class _Program:
-    __slots__ = ("ref", "error", "decoded", "in_layouts")
+    __slots__ = ("ref", "error", "decoded", "in_layouts", "lacked")
 
     def __init__(self, ref):
         self.ref = ref
         self.error = None
         self.decoded = None
         self.in_layouts = None
+        self.lacked = None  # registrations() when a type was missing
+
+
+def registrations() -> tuple:
+    """Changes when this process may have registered a type since (a module
+    imported, a pytree node, effect or PRNG impl registered)."""
+    return (len(sys.modules), len(jexport.deserialization_registry),
+            effects_codec.registered_count())
 
 
 def _reason(e: BaseException) -> str:
@@ -104,7 +116,7 @@ class Session:
         self._set_up = False
         self._ended = threading.Event()
         self.stats = {"calls": 0, "discoveries": 0, "registered": 0,
-                      "refused": 0, "errors": 0}
+                      "refused": 0, "errors": 0, "programs_decoded": 0}
         # The reader runs a call of an idle lane itself (no hand-off); a
         # call still running after PROMOTE_AFTER seconds makes a new thread
         # the reader, so a blocking function cannot stall later messages.
@@ -334,11 +346,11 @@ class Session:
             self._instance_programs.setdefault(
                 entry.decoded.instance_id, []).append(entry.ref.id)
 
-    @staticmethod
-    def _decode(entry: _Program, inflation) -> None:
+    def _decode(self, entry: _Program, inflation) -> None:
         """Decode ``entry``'s program, or set the error each of its calls
         gets."""
-        entry.error = None
+        self.stats["programs_decoded"] += 1
+        entry.error = entry.lacked = None
         try:
             prog = main_types.decode_importing(entry.ref.payload, inflation)
             entry.in_layouts = [arrays.Layout(s, True)
@@ -347,6 +359,7 @@ class Session:
         except UnregisteredError as e:
             entry.error = UnregisteredError(e.reason + UNREGISTERED_HINT,
                                             e.path)
+            entry.lacked = registrations()
         except PayloadError as e:  # reported to each call of the program
             entry.error = e
         except Exception as e:  # noqa: BLE001 - e.g. an indivisible sharding
@@ -379,8 +392,9 @@ class Session:
                 raise PayloadError("call of a program that was never "
                                    "registered", "$.program_id")
             if entry.error is not None:
-                if isinstance(entry.error, UnavailableHereError):
-                    # a type registered (a module imported) since then
+                if entry.lacked is not None and \
+                        entry.lacked != registrations():
+                    # a type registered (a module imported) since then?
                     self._decode(entry, None)
                     self._note_method(entry)
                 if entry.error is not None:
