@@ -131,6 +131,46 @@ def host_array(data, dtype) -> tuple[np.ndarray | bytes, int]:
     return encode_strings(np.asarray(data)), BufferFormat.strings
 
 
+_SINGLE = jax.sharding.SingleDeviceSharding
+
+
+def inline_shards(xs, devices=None):
+    """(signature, data) when a Packer would put every array of ``xs``
+    (leaf i: ``xs[i]``, on ``devices``; None: addressable) in the message as
+    one raw buffer each -- single-device arrays of raw dtypes, small enough
+    -- else None.  ``data`` is the Packer's in-message data; the signature,
+    ((payload device id, size), ...), fixes every other Shards column."""
+    sig = []
+    chunks = []
+    size = 0
+    for x in xs:
+        try:
+            sharding = x.sharding
+            dtype = x.dtype
+        except AttributeError:
+            return None
+        if type(sharding) is not _SINGLE:
+            return None
+        d = sharding._device
+        if not (_addressable(d) if devices is None else d in devices):
+            return None
+        if _dtype_kind(dtype) != "raw" or \
+                getattr(x, "nbytes", INLINE_LIMIT + 1) > INLINE_LIMIT:
+            return None  # (a large array is not made a numpy array here)
+        arr = np.ascontiguousarray(np.asarray(x))
+        n = arr.nbytes
+        if n > INLINE_LIMIT or size + n + _ALIGN > INLINE_TOTAL:
+            return None
+        pad = -size % _ALIGN
+        if pad:
+            chunks.append(bytes(pad))
+            size += pad
+        chunks.append(arr.tobytes())
+        size += n
+        sig.append((payload_id(d), n))
+    return tuple(sig), (chunks[0] if len(chunks) == 1 else b"".join(chunks))
+
+
 class CopyDeadline(Exception):
     """A Packer's deadline passed while it copied inputs (nothing sent)."""
 
@@ -297,7 +337,7 @@ class Layout:
     the payload id, shard shape and byte size."""
 
     __slots__ = ("spec", "shape", "dtype", "sharding", "aval", "kind",
-                 "impl", "np_dtype", "parts", "single")
+                 "impl", "np_dtype", "parts", "single", "devices")
 
     def __init__(self, spec, local_only: bool):
         self.spec = spec
@@ -337,6 +377,7 @@ class Layout:
                 nbytes = None
             parts.append((d, payload_id(d), shape + extra, n, nbytes))
         self.parts = parts
+        self.devices = [p[0] for p in parts]
         self.single = (len(parts) == 1 and isinstance(
             sharding, jax.sharding.SingleDeviceSharding))
 
@@ -360,6 +401,18 @@ def assemble(layout: Layout, found: dict, leaf: int, what: str):
     """The jax.Array of one leaf from ``found``: payload device id ->
     (buffer bytes-like, format).  PayloadError if a shard is missing or
     does not fit its spec."""
+    if layout.single and layout.kind == "raw" and len(found) == 1 and \
+            _batched_put is not None:  # the common case, checked inline
+        d, pid, shape, n, nbytes = layout.parts[0]
+        hit = found.get(pid)
+        if hit is not None and hit[1] == BufferFormat.raw and \
+                len(hit[0]) == nbytes:
+            try:
+                return _batched_put(layout.aval, layout.sharding, [
+                    np.frombuffer(hit[0], layout.np_dtype).reshape(shape)],
+                    layout.devices)
+            except (TypeError, AttributeError):  # pragma: no cover - JAX
+                pass                              # drift
     hosts = []
     for part in layout.parts:
         hit = found.get(part[1])
@@ -374,7 +427,7 @@ def assemble(layout: Layout, found: dict, leaf: int, what: str):
     if layout.kind == "raw" and _batched_put is not None:
         try:
             return _batched_put(layout.aval, layout.sharding, hosts,
-                                [p[0] for p in layout.parts])
+                                layout.devices)
         except (TypeError, AttributeError):  # pragma: no cover - JAX drift
             pass
     arrays = []

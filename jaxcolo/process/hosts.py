@@ -130,6 +130,11 @@ class HostLink:
         data = messages.encode(m, self.version)
         self.channel.send_frames((data, *frames), deadline)
 
+    def send_encoded(self, data: bytes, frames=(),
+                     deadline: float | None = None) -> None:
+        """``send`` of a message already encoded (at this link's version)."""
+        self.channel.send_frames((data, *frames), deadline)
+
     def ensure_registered(self, program, deadline: float | None = None) -> None:
         """Register ``program`` with the worker unless it was.  Past
         ``deadline``: SendDeadline(started=False), nothing sent, or the

@@ -14,7 +14,6 @@ fails it at once (with the re-raised remote exception); otherwise the last
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from concurrent.futures import Future
@@ -33,18 +32,22 @@ log = logging.getLogger("jaxcolo.executor")
 _thread = threading.local()
 
 
-@contextlib.contextmanager
-def executor_thread():
-    """Mark the current thread as one the executor needs to make progress
-    (a link's reader, its watchdog, the deadline thread) while inside the
-    block: futures completed here run their callbacks on a thread of their
-    own (see :class:`CallFuture`)."""
-    previous = getattr(_thread, "internal", False)
-    _thread.internal = True
-    try:
-        yield
-    finally:
-        _thread.internal = previous
+class executor_thread:
+    """``with executor_thread():`` marks the current thread as one the
+    executor needs to make progress (a link's reader, its watchdog, the
+    deadline thread) while inside the block: futures completed here run
+    their callbacks on a thread of their own (see :class:`CallFuture`).
+    (A class, not a generator: it is entered for every reply read.)"""
+
+    __slots__ = ("_previous",)
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_thread, "internal", False)
+        _thread.internal = True
+
+    def __exit__(self, *exc) -> bool:
+        _thread.internal = self._previous
+        return False
 
 
 def _run_callback(fn, future) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 
 from jaxcolo.errors import ExecutorError
-from jaxcolo.process import arrays, messages
+from jaxcolo.process import arrays, messages, templates
 from jaxcolo.process.hostset import RESUME_SINCE
 from jaxcolo.process.hosts import HostLink
 from jaxcolo.process.results import Call, executor_thread
@@ -126,26 +126,44 @@ class CallSending:
             return
         deadline = None if limit is None else limit[0]
         packer = None
+        sent = registered = False
         try:
             link.ensure_registered(plan.ref, deadline)
-            packer = arrays.Packer(link.pool, deadline=deadline)
+            registered = True
+            kind = (messages.MessageKind.discover if call.discover
+                    else messages.MessageKind.call)
             devices = plan.host_devices[h]
-            for i, x in enumerate(args):
-                packer.add(i, x, devices)
+            # every input in the message: its template, without a Packer
+            inline = arrays.inline_shards(args, devices)
+            data = frames = key = None
+            if inline is not None:
+                key = (kind, link.version, plan.ref.id, ordered,
+                       bool(lane_id), inline[0])
+                data = templates.encode_inline(key, call_id, lane_id,
+                                               inline[1])
+                frames = ()
+            if data is None:
+                packer = arrays.Packer(link.pool, deadline=deadline)
+                for i, x in enumerate(args):
+                    packer.add(i, x, devices)
+                message = messages.Message(
+                    kind, call_id=call_id, lane=lane_id,
+                    program_id=plan.ref.id, shards=packer.finish(),
+                    segments=packer.segments, ordered=ordered)
+                data = messages.encode(message, link.version)
+                frames = packer.frames
+                if key is not None:  # the next such call takes the fast way
+                    templates.remember_inline(key, message, link.version,
+                                              inline[1])
             link.expect_reply()
-            message = messages.Message(
-                messages.MessageKind.discover if call.discover
-                else messages.MessageKind.call, call_id=call_id,
-                lane=lane_id, program_id=plan.ref.id, shards=packer.finish(),
-                segments=packer.segments, ordered=ordered)
             with interrupts.CRITICAL:  # Ctrl-C: after it is sent and known
                 try:                   # to be (the reply is awaited, the
-                    link.send(message, packer.frames, deadline)  # worker
+                    link.send_encoded(data, frames, deadline)  # worker
                 except SendDeadline as e:              # returns the leases)
                     if not e.started:
                         link.expect_reply(-1)
                         raise
-                packer = None  # sent, or its rest is being sent
+                sent = True  # sent, or its rest is being sent
                 call.sent_parts += 1
         except SendDeadline:  # nothing of the call was sent
             call.send_broken = True
@@ -169,15 +187,15 @@ class CallSending:
             self._fail_pending(call_id, ExecutorError(
                 f"{link.describe}: could not send the call: {e}"))
         except BaseException as e:
-            if packer is None:  # sent: its reply comes; the call fails
-                raise           # with e in _start
+            if sent or not registered:  # sent: its reply comes; the
+                raise                       # call fails with e in _start
             call.send_broken = True
             if link.is_lost:  # e.g. its segment pool closed under us
                 e = ExecutorError(f"{link.describe} was lost while the call "
                                   f"was being sent ({e!r})")
             self._fail_pending(call_id, e)
         finally:
-            if packer is not None and not link.is_lost:
+            if not sent and packer is not None and not link.is_lost:
                 packer.abandon()  # never sent: its leases come back
 
     def _fail_pending(self, call_id, error) -> None:

@@ -77,37 +77,51 @@ def _positions(body):
 
 
 class _Template:
-    __slots__ = ("head", "body", "call", "lane", "data", "size", "proto")
+    __slots__ = ("head", "body", "call", "lane", "data", "size", "proto",
+                 "spans")
 
     def __init__(self, body, header_of, proto):
         self.body = bytes(body)
         self.call, self.lane, self.data, self.size = _positions(body)
         self.head = header_of
         self.proto = proto
+        self.spans = None  # (start, bytes) outside the masked regions
+
+    def _mask_spans(self) -> None:
+        cuts = sorted([(self.call, 8)] + ([(self.lane, 8)] if self.lane
+                                          else []) +
+                      ([(self.data, self.size)] if self.size else []))
+        spans, pos = [], 0
+        for start, n in cuts:
+            if start > pos:
+                spans.append((pos, self.body[pos:start]))
+            pos = max(pos, start + n)
+        if pos < len(self.body):
+            spans.append((pos, self.body[pos:]))
+        self.spans = tuple(spans)
 
     def fill(self, m) -> bytes:
+        return self.fill_fields(m.call_id, m.lane,
+                                m.shards.data if self.size else b"")
+
+    def fill_fields(self, call_id: int, lane: int, data) -> bytes:
         body = bytearray(self.body)
-        _U64.pack_into(body, self.call, m.call_id)
+        _U64.pack_into(body, self.call, call_id)
         if self.lane:
-            _U64.pack_into(body, self.lane, m.lane)
+            _U64.pack_into(body, self.lane, lane)
         if self.size:
-            body[self.data:self.data + self.size] = m.shards.data
+            body[self.data:self.data + self.size] = data
         return envelope.seal(body, RootKind.message, *self.head)
 
     def match(self, body):
-        b = bytearray(body)
-        call = _U64.unpack_from(b, self.call)[0]
-        b[self.call:self.call + 8] = _ZERO8
-        lane = 0
-        if self.lane:
-            lane = _U64.unpack_from(b, self.lane)[0]
-            b[self.lane:self.lane + 8] = _ZERO8
-        data = b""
-        if self.size:
-            data = bytes(b[self.data:self.data + self.size])
-            b[self.data:self.data + self.size] = bytes(self.size)
-        if b != self.body:
-            return None
+        # (body: bytes of the template's size) equal outside the masked
+        # regions, compared in place
+        for start, part in self.spans:
+            if not body.startswith(part, start):
+                return None
+        call = _U64.unpack_from(body, self.call)[0]
+        lane = _U64.unpack_from(body, self.lane)[0] if self.lane else 0
+        data = body[self.data:self.data + self.size] if self.size else b""
         p = self.proto
         s = p.shards
         if s is not None:  # columns shared with the template: read-only
@@ -141,10 +155,41 @@ def encode(m, version, encode_full: Callable) -> bytes | None:
     return t.fill(m)
 
 
+_INLINE: dict = {}  # inline key -> _Template (see encode_inline)
+
+
+def encode_inline(key, call_id: int, lane: int, data) -> bytes | None:
+    """The message of inline key ``key`` (``arrays.inline_shards``'s
+    signature with the message's kind, version, program id, ordered flag
+    and whether it has a lane) with this call id, lane and in-message data,
+    through the template its first message left (``remember_inline``);
+    None before that.  Exactly the bytes ``encode`` writes for it."""
+    t = _INLINE.get(key)
+    if t is None or len(data) != t.size or bool(lane) != bool(t.lane):
+        return None
+    return t.fill_fields(call_id, lane, data)
+
+
+def remember_inline(key, m, version, data) -> None:
+    """After ``m`` (inline key ``key``, in-message data ``data``) was
+    encoded: keep its encoder template for ``encode_inline``, if ``m``'s
+    shards are the ones the key describes."""
+    s = m.shards
+    if s is None or bytes(s.data) != bytes(data) or \
+            list(zip(s.device, s.size)) != list(key[-1]):
+        return
+    t = _ENCODE.get(template_key(m, version))
+    if t is not None:
+        if len(_INLINE) >= MAX_TEMPLATES:
+            _INLINE.clear()
+        _INLINE[key] = t
+
+
 def match(body, header):
     """The message of ``body`` if a decoder template matches it, else
     None."""
     key = (len(body), header.writer_version, header.min_reader_version)
+    body = bytes(body)
     for t in _DECODE.get(key, ()):
         m = t.match(body)
         if m is not None:
@@ -175,6 +220,7 @@ def learn(body, header, m, encode_full: Callable) -> None:
     if t.size:
         masked[t.data:t.data + t.size] = bytes(t.size)
     t.body = bytes(masked)
+    t._mask_spans()
     key = (len(body), version, header.min_reader_version)
     with _LEARN_LOCK:  # readers of several links learn at once
         if sum(map(len, _DECODE.values())) >= MAX_TEMPLATES:

@@ -44,7 +44,7 @@ from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.colocated.program import ProgramRef
 from jaxcolo.errors import EncodeError, ExecutorError, HostWedgedError, \
     PayloadError, UnavailableHereError, UnregisteredError
-from jaxcolo.process import arrays, messages
+from jaxcolo.process import arrays, messages, templates
 from jaxcolo.process import main_types
 from jaxcolo.process.lanes import HoldingGate, LaneRunner
 from jaxcolo.process.remote_errors import error_message
@@ -133,8 +133,9 @@ class Session:
                          name=f"jaxcolo-h{host_index}-release").start()
 
     # ------------------------------------------------------------ sending
-    def _send(self, m: messages.Message, frames=()) -> None:
-        data = messages.encode(m, self.version)
+    def _send(self, m: messages.Message, frames=(), data=None) -> None:
+        if data is None:
+            data = messages.encode(m, self.version)
         if frames:
             self.channel.send_frames([data, *frames])
         else:
@@ -147,11 +148,13 @@ class Session:
             log.info("%s: cannot reply (%s)", self.where, e)
             self._end()
 
-    def _send_reply(self, call_id: int, m, frames=(), packer=None) -> None:
-        """Send a call's reply; one that cannot be framed fails that call
-        (with an ExecutorError saying why) and the session goes on."""
+    def _send_reply(self, call_id: int, m, frames=(), packer=None,
+                    data=None) -> None:
+        """Send a call's reply (``data``: ``m`` encoded already); one that
+        cannot be framed fails that call (with an ExecutorError saying why)
+        and the session goes on."""
         try:
-            self._send(m, frames)
+            self._send(m, frames, data)
             return
         except (channel_mod.FrameTooLarge, EncodeError) as e:
             if packer is not None:  # (too large, or not encodable)
@@ -446,7 +449,7 @@ class Session:
                 if self._multi_closed:  # no collective for a controller
                     return              # that is gone
                 self._multi_running.add(call_id)
-        packer = outs = None
+        packer = outs = data = key = None
         failed = False
         try:
             if discover:
@@ -459,18 +462,26 @@ class Session:
                                          checked=True)
                 specs = None
             del args
-            packer = arrays.Packer(self._pool)
-            packer.add_all(outs)
-            reply = messages.Message(K.result, call_id=call_id,
-                                     shards=packer.finish(), specs=specs,
-                                     segments=packer.segments)
-            frames = packer.frames
+            # every output in the message: its template, without a Packer
+            inline = None if discover else arrays.inline_shards(outs)
+            if inline is not None:
+                key = (K.result, self.version, inline[0])
+                data = templates.encode_inline(key, call_id, 0, inline[1])
+            if data is not None:
+                reply, frames = None, ()
+            else:
+                packer = arrays.Packer(self._pool)
+                packer.add_all(outs)
+                reply = messages.Message(K.result, call_id=call_id,
+                                         shards=packer.finish(), specs=specs,
+                                         segments=packer.segments)
+                frames = packer.frames
         except BaseException as e:  # the function's (or the outputs') error
             failed = True
             self.stats["errors"] += 1
             if packer is not None:
                 packer.abandon()
-            packer = None
+            packer = data = key = None
             reply, frames = error_message(call_id, e, self.where), ()
         finally:
             if ticket is not None:
@@ -478,7 +489,9 @@ class Session:
                 with self._multi_lock:
                     self._multi_running.discard(call_id)
                 WEDGE.finished(self, call_id, failed)
-        self._send_reply(call_id, reply, frames, packer)
+        self._send_reply(call_id, reply, frames, packer, data)
+        if key is not None and data is None:  # the next such reply: fast
+            templates.remember_inline(key, reply, self.version, inline[1])
         if shm:
             outs = packer = reply = frames = None
             # Reading an array that aliases shared memory back to the host
