@@ -330,6 +330,21 @@ def test_a_killed_controllers_unsent_segments_are_removed_by_its_worker():
     assert name not in os.listdir("/dev/shm")
 
 
+def test_a_local_worker_killed_leaves_no_segments():
+    """A cluster restart cleans up the other hosts' links, then kills their
+    workers, which went on making segments until then: those stayed in
+    tmpfs (298 files, about 300 MB, after one test run).  Killing a local
+    worker now removes its segments once it is gone."""
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex:
+        worker = ex._workers[0]
+        # as a segment made after its link was cleaned up
+        name = f"jaxcolo-{worker.pid}-feedfacecafe-w0-7"
+        with open(os.path.join("/dev/shm", name), "wb") as f:
+            f.write(b"x" * 4096)
+        worker.kill()
+        assert name not in os.listdir("/dev/shm")
+
+
 def test_a_handler_set_between_two_executors_is_put_back():
     """A open, the user installs H, B opens (replacing H) and closes: H is
     back, and closing A leaves it."""

@@ -21,6 +21,7 @@ import time
 
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process.runtime import READY
+from jaxcolo.transport import blobs
 
 
 def free_port() -> int:
@@ -147,6 +148,8 @@ class LocalWorker:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
+        else:
+            self._reaped()
         self._close_pipe()
 
     def kill(self) -> None:
@@ -156,7 +159,16 @@ class LocalWorker:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:  # pragma: no cover
             pass
+        else:
+            self._reaped()
         self._close_pipe()
+
+    def _reaped(self) -> None:
+        """The process is gone: remove its shared-memory segments (one
+        killed, or dying on its own, could not; a restart's links were
+        cleaned up before their workers were killed, and they made
+        segments until then)."""
+        blobs.unlink_process_segments(self.proc.pid)
 
 
 def start_workers(num_hosts: int, device_map: list, authkey: bytes,
