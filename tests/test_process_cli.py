@@ -102,6 +102,28 @@ def test_worker_command_serves_controllers_one_after_another(keyfile):
         proc.wait(10)
 
 
+def test_a_terminated_worker_command_removes_its_segments(keyfile):
+    """SIGTERM stops a ``jaxcolo worker`` at once (os._exit): a result's
+    segment the controller had not released yet stayed in tmpfs."""
+    def segments(pid):
+        return [n for n in os.listdir("/dev/shm")
+                if n.startswith(f"jaxcolo-{pid}-")]
+    with _workers(keyfile, ("--listen", "127.0.0.1:0"), stop="terminate") \
+            as (procs, addrs):
+        f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+            out_specs_fn=lambda x: x)
+        x = jax.device_put(np.zeros(1 << 20, np.float32), cpu_devices()[0])
+        with jaxcolo.ProcessExecutor(addresses=addrs,
+                                     authkey=keyfile.read_bytes()) as ex, \
+                jaxcolo.use_executor(ex):
+            out = f(x)  # 4 MiB in the worker's segment, held here
+            assert segments(procs[0].pid)
+            procs[0].terminate()
+            procs[0].wait(10)
+            assert segments(procs[0].pid) == []
+            assert float(out[0]) == 1.0  # its mapping lives on
+
+
 def test_a_controller_stalling_mid_frame_is_disconnected(keyfile):
     """An authenticated controller that sends part of a frame and then goes
     silent held the worker forever (it serves one controller at a time);

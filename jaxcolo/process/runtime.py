@@ -210,9 +210,12 @@ def run(args) -> int:
 
     def terminate(*_):
         # jax.distributed installs a SIGTERM (preemption) handler; a worker
-        # asked to stop stops, removing its Unix socket first.
+        # asked to stop stops, removing its Unix socket and its shared-
+        # memory segments first (its controller's mappings live on).
         for listener in listening:
             listener.close()
+        from jaxcolo.transport import blobs
+        blobs.unlink_process_segments(os.getpid())
         os._exit(0)
     signal.signal(signal.SIGTERM, terminate)
 
