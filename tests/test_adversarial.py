@@ -652,6 +652,17 @@ def test_equal_treedefs_with_other_key_types_are_not_confused():
         jaxcolo.serialize({Color.RED: x})
 
 
+def test_dict_keys_jax_cannot_sort_are_an_encode_error():
+    """str and int keys together: JAX's flatten cannot sort them and raised
+    a plain ValueError ('Comparator raised exception ...'), not the
+    EncodeError the README promises."""
+    x = _leaf()
+    with pytest.raises(jaxcolo.EncodeError, match=(
+            r"^dict keys must all be str or all be int .* - at "
+            r"\$\['specs'\]\[1\]$")):
+        jaxcolo.serialize({"specs": [x, {"a": x, 1: x}]})
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class _Cfg:

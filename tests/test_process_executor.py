@@ -448,6 +448,17 @@ def test_timeouts_are_checked(one_host, bad):
         jaxcolo.ProcessExecutor(num_hosts=1, call_timeout=bad)
 
 
+@pytest.mark.parametrize("name", ["lost_timeout", "heartbeat",
+                                  "connect_timeout", "start_timeout"])
+@pytest.mark.parametrize("bad", [None, float("inf"), 0, -1.0, "1"])
+def test_watchdog_periods_are_checked(name, bad):
+    """lost_timeout=None (or -1) was taken: the watchdog thread died of a
+    TypeError and a silent worker was never found lost."""
+    with pytest.raises(ValueError, match=(
+            f"^{name} must be a finite number of seconds > 0, got ")):
+        jaxcolo.ProcessExecutor(num_hosts=1, **{name: bad})
+
+
 def test_infinite_timeout_is_no_timeout(one_host):
     """inf (or anything past threading.TIMEOUT_MAX) used to kill the
     deadline thread: no later call timed out."""

@@ -43,7 +43,14 @@ SPEC_LEAF_TYPES.add(PRNGImpl)
 
 def _flatten(obj):
     """(leaves, treedef, its FlatTree, its treedef_key)."""
-    leaves, treedef = jtu.tree_flatten(obj)
+    try:
+        leaves, treedef = jtu.tree_flatten(obj)
+    except ValueError as e:  # JAX sorts a dict's keys while flattening
+        if "sorting pytree dictionary keys" not in str(e):
+            raise
+        raise EncodeError("dict keys must all be str or all be int (JAX "
+                          "cannot sort these keys to flatten the dict)",
+                          _unsortable_dict_path(obj)) from None
     key = treedef_key(treedef)
     try:
         flat = flatten_treedef(treedef, key=key)
@@ -53,6 +60,26 @@ def _flatten(obj):
         key = treedef_key(treedef)
         flat = flatten_treedef(treedef, key=key)
     return leaves, treedef, flat, key
+
+
+def _unsortable_dict_path(obj, limit: int = 100_000) -> str:
+    """The path of the first dict in ``obj`` (through dicts, lists and
+    tuples) whose keys do not sort, else "$"."""
+    stack = [(obj, "$")]
+    while stack and limit > 0:
+        limit -= 1
+        x, path = stack.pop()
+        if isinstance(x, dict):
+            try:
+                sorted(x)
+            except TypeError:
+                return path
+            stack.extend((v, f"{path}[{k!r}]") for k, v in
+                         reversed(list(x.items())))
+        elif isinstance(x, (list, tuple)):
+            stack.extend((v, f"{path}[{i}]") for i, v in
+                         reversed(list(enumerate(x))))
+    return "$"
 
 
 def _leaf_path(obj, i: int) -> str:

@@ -3,7 +3,8 @@
     import jaxcolo.export
     data = jaxcolo.export.serialize(exp, vjp_order=0, version=None)  # bytearray
     exp = jaxcolo.export.deserialize(data)          # jax.export.Exported
-    jaxcolo.export.serialization_version(data)     # the real version (2..12)
+    jaxcolo.export.serialization_version(data)     # detected (2..12): the
+                                                   # oldest version it fits
 
 ``serialize(version=None)`` writes what jax 0.10.2 writes (version 11, byte
 for byte); ``version=N`` writes what the JAX release whose newest version is

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
+import numbers
 import secrets
 import shutil
 import tempfile
@@ -68,6 +70,16 @@ _LANE_MASK = (1 << 63) - 1
 # close() waits up to this long for multi-host calls that failed on some
 # host to be done on the others and resumed (running workers).
 CLOSE_SETTLE_TIMEOUT = 5.0
+
+
+def _seconds(value, what: str) -> float:
+    """A finite number of seconds > 0 (ValueError otherwise: None or inf
+    would stop a watchdog, not turn a limit off)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+            not 0 < value < math.inf:
+        raise ValueError(f"{what} must be a finite number of seconds > 0, "
+                         f"got {value!r}")
+    return float(value)
 
 
 class ProcessExecutor(HostSet, CallSending, Executor):
@@ -108,9 +120,11 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         self._by_id = {d.id: d for d in self._devices}
         self._hello = controller_hello(min_version, max_version)
         self._authkey = authkey or secrets.token_bytes(32)
-        self._opts = dict(timeout=connect_timeout, lost_timeout=lost_timeout,
-                          heartbeat=heartbeat, use_shm=shm)
-        self._start_timeout = start_timeout
+        self._opts = dict(
+            timeout=_seconds(connect_timeout, "connect_timeout"),
+            lost_timeout=_seconds(lost_timeout, "lost_timeout"),
+            heartbeat=_seconds(heartbeat, "heartbeat"), use_shm=shm)
+        self._start_timeout = _seconds(start_timeout, "start_timeout")
         self._call_timeout = check_timeout(call_timeout, "call_timeout")
         self._straggler_timeout = check_timeout(straggler_timeout,
                                                 "straggler_timeout")
