@@ -163,6 +163,53 @@ def test_scope_identity_across_payloads():
     assert again[0].shape[0].scope is x[0].scope and again[1].shape[0] == y
 
 
+_SCOPED_PAYLOADS = r"""
+import pickle, sys, jax, numpy as np, jaxcolo
+from jax import export
+out = []
+for k in range(1, 13):
+    scope = export.SymbolicScope([f"a >= {k}", "b >= a"])
+    a, b = export.symbolic_shape("a, b", scope=scope)
+    out.append(jaxcolo.serialize(jax.ShapeDtypeStruct((a, b), np.float32)))
+sys.stdout.buffer.write(pickle.dumps(out))
+"""
+
+
+def test_concurrent_decodes_of_a_scope_share_it():
+    """Threads decoding payloads of one scope at once (written by another
+    process, as a controller's are for a worker) each made a scope of their
+    own: dims of the payloads could not be compared or combined ('Invalid
+    mixing of symbolic scopes'; found by review, 3-15 of 20 tries)."""
+    import subprocess
+    import sys
+    import threading
+    payloads = pickle.loads(subprocess.run(
+        [sys.executable, "-c", _SCOPED_PAYLOADS], capture_output=True,
+        check=True).stdout)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often: the window opens
+    try:
+        for data in payloads:
+            barrier = threading.Barrier(4)
+            out = [None] * 4
+
+            def decode(i):
+                barrier.wait()
+                out[i] = jaxcolo.deserialize(data).shape
+
+            threads = [threading.Thread(target=decode, args=(i,))
+                       for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            later = jaxcolo.deserialize(data).shape
+            assert {id(o[0].scope) for o in out} == {id(later[0].scope)}
+            assert all(o[1] - later[1] == 0 for o in out)
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def test_scope_token_with_other_constraints_is_a_new_scope():
     """A payload that reuses a live scope's token with other constraints
     does not get that scope (tokens name scopes, constraints decide)."""

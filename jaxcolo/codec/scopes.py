@@ -117,12 +117,20 @@ def decode_scope(reader, t, path):
         if scope is not None:
             return scope
     scope = make_scope(constraints, t.buf, f"{path}.constraints")
-    _SCOPES[constraints] = scope
-    if token:
-        with _TOKEN_LOCK:
-            if token not in _BY_TOKEN:  # else: a token reused with other
-                _BY_TOKEN[token] = scope  # constraints keeps its scope
+    with _TOKEN_LOCK:  # another thread may have made it meanwhile: its
+        if token:      # scope is the one (dims of two are not comparable)
+            held = _BY_TOKEN.get(token)
+            if held is None:
+                _BY_TOKEN[token] = scope
                 _TOKENS[scope] = token
+            elif scope_constraints(held) == constraints:
+                return held
+            # else: a token reused with other constraints keeps its scope
+        else:
+            held = _SCOPES.get(constraints)
+            if held is not None:
+                return held
+        _SCOPES[constraints] = scope
     return scope
 
 
