@@ -6,7 +6,9 @@ repeat cheap without changing any result:
 
 * ``DecodeMemo``: decoded payload bytes -> (PyTreeDef, leaves).  A hit returns
   ``treedef.unflatten(leaves)``, so containers are fresh on every call and only
-  immutable spec objects (shardings, ShapeDtypeStructs, ...) are shared.  Only
+  immutable spec objects (shardings, ShapeDtypeStructs, ...) are shared --
+  and custom nodes' auxdata, as by any two unflattens of one JAX treedef
+  (auxdata is meant to be immutable).  Only
   payloads decoded with the default device resolver and without symbolic
   scopes are kept (a custom resolver may map ids differently next time, and
   symbolic dims must bind to the scope that is live at decode time).
