@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import sys
+import threading
 
 from jax._src import tree_util as jtu
 from jax._src.export import _export as jexport
@@ -43,6 +44,7 @@ foreign_main = None
 # Lookups foreign_main answered: a decode that made any is not memoized
 # (which class a name stands for may change as programs arrive).
 _foreign = [0]
+_foreign_lock = threading.Lock()  # (+= is not atomic across threads)
 
 
 def foreign_lookups() -> int:
@@ -53,7 +55,8 @@ def resolve_namedtuple(name: str, fields=None):
     """The class a reader finds for namedtuple ``name`` (with the
     payload's ``fields``), or None."""
     if foreign_main is not None and name.startswith("__main__:"):
-        _foreign[0] += 1
+        with _foreign_lock:
+            _foreign[0] += 1
         return foreign_main.resolve(name, fields)
     return resolve_imported(name)
 
