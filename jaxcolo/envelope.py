@@ -144,13 +144,19 @@ _NESTED_TOO_LARGE = ("compressed payloads nested in this one inflate beyond "
                      "stored size")
 
 
+def initial_budget(stored_size: int) -> int:
+    """The inflation budget of a decode whose outermost envelope stores
+    ``stored_size`` body bytes."""
+    return NESTED_INFLATE_RATIO * stored_size + INFLATE_FLOOR
+
+
 def open_body(data, header: Header) -> bytes:
     """The flatbuffer after the header, inflated if it is compressed (within
     the enclosing :func:`shares_inflation` budget, if any)."""
     stored = bytes(memoryview(data)[HEADER_SIZE:])
     budget = _INFLATION.get()
     if budget is not None and budget.left is None:
-        budget.left = NESTED_INFLATE_RATIO * len(stored) + INFLATE_FLOOR
+        budget.left = initial_budget(len(stored))
     if not header.flags & FLAG_ZLIB:
         return stored
     limit = min(MAX_BODY, MAX_INFLATE_RATIO * len(stored))

@@ -33,7 +33,7 @@ from jaxcolo.codec import aval, memo, mesh as mesh_codec, names, \
     parse_cost, symbolic
 from jaxcolo.colocated.program import decode_program, encode_program
 from jaxcolo.export.layouts import EXPORTED as LE, TREE as LT
-from jaxcolo.process import messages as M
+from jaxcolo.process import messages as M, templates
 from jaxcolo.wire import Buffer
 from jaxcolo_fb import MessageKind, RootKind
 from tests import corpus
@@ -613,6 +613,42 @@ def test_message_templates_write_and_read_what_the_full_codec_does():
         assert _columns(M.decode(data_out)) == _columns(full) == _columns(m)
         # learned by now: a template matches, and reads the same message
         assert _columns(M.decode(M.encode(m))) == _columns(m)
+
+
+def test_whole_frame_templates_check_the_header_and_checksum():
+    """A frame of a learned layout takes the whole-frame template path
+    (templates.match_frame): still, a corrupt checksum, other header bytes
+    or another reader version are judged as the full decode judges them,
+    and the matched message and its inflation budget are the full
+    decode's."""
+    m = M.Message(MessageKind.result, call_id=41,
+                  program_id=bytes(range(16)), shards=_call(b"wxyz").shards)
+    data = M.encode(m)
+    M.decode(data)
+    M.decode(data)  # learned by now
+    again = M.encode(dataclasses.replace(m, call_id=42))
+    got = M.decode(again)
+    assert got.call_id == 42
+    assert _columns(got) == _columns(M._decode_body(again[16:]))
+    assert got.inflation.left == envelope.initial_budget(len(again) - 16)
+    with envelope.inflation_scope() as outer:
+        assert M.decode(again).inflation is outer
+        assert outer.left == envelope.initial_budget(len(again) - 16)
+    corrupt = bytearray(again)
+    corrupt[-1] ^= 1  # (the checksum covers the masked fields too)
+    with pytest.raises(jaxcolo.PayloadError, match="checksum mismatch"):
+        M.decode(bytes(corrupt))
+    with pytest.raises(jaxcolo.PayloadError, match=r"reserved header bits"):
+        M.decode(_reseal(again, flags=4))
+    with pytest.raises(jaxcolo.PayloadError, match=r"needs reader version"):
+        M.decode(_reseal(again, min_reader=1))
+    with pytest.raises(jaxcolo.VersionError):  # a reader too old for it
+        M.decode(again, 2)
+    # learned through the body template: a frame read at another reader
+    # version takes the whole-frame path from its second decode on
+    assert templates.match_frame(again, 8) is None
+    M.decode(again, 8)
+    assert templates.match_frame(again, 8) is not None
 
 
 def _columns(m):

@@ -56,6 +56,11 @@ try:
     from jax._src.interpreters.pxla import batched_device_put as _batched_put
 except ImportError:  # pragma: no cover - other JAX versions
     _batched_put = None
+try:  # what _batched_put does with host (numpy) buffers, without its checks
+    from jax._src.lib import xla_client as _xc  # for jax.Arrays
+    _host_put = _xc.batched_device_put
+except (ImportError, AttributeError):  # pragma: no cover - other JAX
+    _host_put = _batched_put
 
 
 _KINDS: dict = {}   # dtype -> "raw" | "key" | "str"
@@ -147,6 +152,7 @@ def inline_shards(xs, devices=None):
         try:
             sharding = x.sharding
             dtype = x.dtype
+            shape = x.shape
         except AttributeError:
             return None
         if type(sharding) is not _SINGLE:
@@ -155,17 +161,17 @@ def inline_shards(xs, devices=None):
         if not (_addressable(d) if devices is None else d in devices):
             return None
         if _dtype_kind(dtype) != "raw" or \
-                getattr(x, "nbytes", INLINE_LIMIT + 1) > INLINE_LIMIT:
+                dtype.itemsize * math.prod(shape) > INLINE_LIMIT:
             return None  # (a large array is not made a numpy array here)
-        arr = np.ascontiguousarray(np.asarray(x))
-        n = arr.nbytes
+        raw = np.asarray(x).tobytes()  # (C order, as host_array's)
+        n = len(raw)
         if n > INLINE_LIMIT or size + n + _ALIGN > INLINE_TOTAL:
             return None
         pad = -size % _ALIGN
         if pad:
             chunks.append(bytes(pad))
             size += pad
-        chunks.append(arr.tobytes())
+        chunks.append(raw)
         size += n
         sig.append((payload_id(d), n))
     return tuple(sig), (chunks[0] if len(chunks) == 1 else b"".join(chunks))
@@ -407,10 +413,10 @@ def assemble(layout: Layout, found: dict, leaf: int, what: str):
         hit = found.get(pid)
         if hit is not None and hit[1] == BufferFormat.raw and \
                 len(hit[0]) == nbytes:
-            try:
-                return _batched_put(layout.aval, layout.sharding, [
+            try:  # (a numpy array: _batched_put's host-buffer case)
+                return _host_put(layout.aval, layout.sharding, [
                     np.frombuffer(hit[0], layout.np_dtype).reshape(shape)],
-                    layout.devices)
+                    layout.devices, True)
             except (TypeError, AttributeError):  # pragma: no cover - JAX
                 pass                              # drift
     hosts = []

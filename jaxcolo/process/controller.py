@@ -262,7 +262,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         """The call's result, read by this thread from each host's link
         (no hand-off) unless another thread is already reading it."""
         for h, link in call.links:
-            link.wait_for(lambda h=h: call.future.done() or call.has_part(h))
+            link.wait_for(lambda h=h: call.has_part(h) or call.future.done())
         return call.wait()
 
     def destroy_instance(self, instance_id: int, *, lane: Hashable) -> None:

@@ -273,16 +273,32 @@ MAX_SEGMENT = 1 << 46
 _RESUME_SINCE = versions.FEATURE_SINCE["message_resume"]
 
 
-@envelope.shares_inflation
 def decode(data, reader_version: int | None = None) -> Message:
     """Decode a message payload; PayloadError for anything malformed."""
+    if type(data) is bytes:  # a repeated call or result: its template
+        m = templates.match_frame(data, reader_version)
+        if m is not None:  # the budget a full decode leaves it
+            budget = envelope.current_inflation()
+            if budget is None:
+                budget = envelope.Inflation(envelope.initial_budget(
+                    len(data) - envelope.HEADER_SIZE))
+            elif budget.left is None:
+                budget.left = envelope.initial_budget(
+                    len(data) - envelope.HEADER_SIZE)
+            m.inflation = budget
+            return m
+    return _decode(data, reader_version)
+
+
+@envelope.shares_inflation
+def _decode(data, reader_version: int | None = None) -> Message:
     header = envelope.read_header(data)
     envelope.check_readable(header, reader_version)
     if header.root_kind != RootKind.message:
         raise PayloadError(f"root kind {header.root_kind} is not a message",
                            "$.header.root_kind")
     body = envelope.open_body(data, header)
-    m = templates.match(body, header)
+    m = templates.match(body, header, data, reader_version)
     if m is not None:
         m.inflation = envelope.current_inflation()
         return m
@@ -296,7 +312,7 @@ def decode(data, reader_version: int | None = None) -> Message:
     for field, nested in (("program", m.program), ("specs", m.specs)):
         if nested is not None:
             envelope.check_nested_declared(nested, header, f"$.{field}")
-    templates.learn(body, header, m, _encode)
+    templates.learn(body, header, m, _encode, data, reader_version)
     m.inflation = envelope.current_inflation()
     return m
 

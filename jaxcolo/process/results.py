@@ -283,6 +283,18 @@ class Call:
         return specs, [arrays.Layout(s, False) for s in leaves]
 
     def _assemble(self):
+        plan = self.plan
+        if not self.discover and len(plan.hosts) == 1:  # one host's shards
+            m, get, _ = self._parts[plan.hosts[0]]
+            layouts = plan.out_layouts
+            shards = m.shards
+            if shards is None:
+                per = [{} for _ in layouts]
+            else:
+                per = arrays.buffers_by_device(shards, len(layouts), get,
+                                               "$.shards")
+            return [arrays.assemble(lay, per[i], i, f"{plan.name} output")
+                    for i, lay in enumerate(layouts)]
         parts = [self._parts[h] for h in self.plan.hosts]
         specs = None
         if self.discover:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import threading
+import zlib
 from typing import Callable
 
 import jaxcolo_fb as fb
@@ -41,6 +42,12 @@ _ZERO8 = bytes(8)
 
 _ENCODE: dict = {}   # template key -> _Template
 _DECODE: dict = {}   # (body size, writer, min reader) -> [_Template, ...]
+# (frame size, reader version) -> [(header bytes 0..11, _Template), ...]:
+# the decoder templates with the uncompressed envelope header they came in
+# (see match_frame)
+_FRAMES: dict = {}
+_PREFIX = 12  # magic, versions, root kind, flags, reserved: all but the crc
+_CRC = struct.Struct("<I")
 _LEARN_LOCK = threading.Lock()
 
 
@@ -113,15 +120,16 @@ class _Template:
             body[self.data:self.data + self.size] = data
         return envelope.seal(body, RootKind.message, *self.head)
 
-    def match(self, body):
-        # (body: bytes of the template's size) equal outside the masked
-        # regions, compared in place
+    def match(self, body, base: int = 0):
+        # (body: bytes of the template's size, from ``base`` on) equal
+        # outside the masked regions, compared in place
         for start, part in self.spans:
-            if not body.startswith(part, start):
+            if not body.startswith(part, start + base):
                 return None
-        call = _U64.unpack_from(body, self.call)[0]
-        lane = _U64.unpack_from(body, self.lane)[0] if self.lane else 0
-        data = body[self.data:self.data + self.size] if self.size else b""
+        call = _U64.unpack_from(body, self.call + base)[0]
+        lane = _U64.unpack_from(body, self.lane + base)[0] if self.lane else 0
+        data = body[self.data + base:self.data + base + self.size] \
+            if self.size else b""
         p = self.proto
         s = p.shards
         if s is not None:  # columns shared with the template: read-only
@@ -185,23 +193,69 @@ def remember_inline(key, m, version, data) -> None:
         _INLINE[key] = t
 
 
-def match(body, header):
+def match(body, header, frame=None, reader_version=None):
     """The message of ``body`` if a decoder template matches it, else
-    None."""
+    None.  ``frame``: the whole payload ``body`` came in, when it passed
+    the header checks for ``reader_version``: its header is remembered
+    with the template (for match_frame)."""
     key = (len(body), header.writer_version, header.min_reader_version)
     body = bytes(body)
     for t in _DECODE.get(key, ()):
         m = t.match(body)
         if m is not None:
+            if frame is not None:
+                _remember_frame(frame, header, len(body), reader_version, t)
             return m
     return None
 
 
-def learn(body, header, m, encode_full: Callable) -> None:
+def _remember_frame(frame, header, body_size: int, reader_version,
+                    t) -> None:
+    """Keep ``t`` (a decoder template ``frame``'s body matched) with the
+    header of ``frame``, if that is an uncompressed payload (bytes)."""
+    if type(frame) is not bytes or header.flags or \
+            len(frame) != envelope.HEADER_SIZE + body_size:
+        return
+    key = (len(frame), reader_version)
+    prefix = frame[:_PREFIX]
+    with _LEARN_LOCK:
+        if len(_FRAMES) >= MAX_TEMPLATES:
+            _FRAMES.clear()
+        entries = _FRAMES.setdefault(key, [])
+        if len(entries) < 8 and not any(p == prefix and e is t
+                                        for p, e in entries):
+            entries.append((prefix, t))
+
+
+def match_frame(frame: bytes, reader_version):
+    """The message of a whole frame (envelope and body) if a decoder
+    template learned from a frame with the same header matches it, else
+    None.  Exactly what the full decode (``messages.decode``) returns for
+    it: the header's bytes other than the checksum are those of a frame
+    that passed every header check for this reader, the checksum is
+    checked here, and the body is then compared as ``match`` does.  (The
+    caller sets the message's inflation budget.)"""
+    entries = _FRAMES.get((len(frame), reader_version))
+    if entries is None:
+        return None
+    for prefix, t in entries:
+        if frame.startswith(prefix):
+            if zlib.crc32(memoryview(frame)[envelope.HEADER_SIZE:]) != \
+                    _CRC.unpack_from(frame, _PREFIX)[0]:
+                return None  # corrupt: the full decode says so
+            m = t.match(frame, envelope.HEADER_SIZE)
+            if m is not None:
+                return m
+    return None
+
+
+def learn(body, header, m, encode_full: Callable, frame=None,
+          reader_version=None) -> None:
     """Keep ``body`` (fully decoded as ``m``) as a decoder template, if it is
     templated and exactly what ``encode_full`` writes for ``m``: then the
     masked regions (call id, lane, data) are separate fields and overlap
-    nothing else."""
+    nothing else.  ``frame``: the whole payload ``body`` came in, when it
+    passed the header checks for ``reader_version`` (for match_frame)."""
     version = header.writer_version
     if m.kind not in KINDS or not m.call_id or \
             template_key(m, version) is None:
@@ -225,6 +279,9 @@ def learn(body, header, m, encode_full: Callable) -> None:
     with _LEARN_LOCK:  # readers of several links learn at once
         if sum(map(len, _DECODE.values())) >= MAX_TEMPLATES:
             _DECODE.clear()
+            _FRAMES.clear()
         lst = _DECODE.setdefault(key, [])
         if len(lst) < 8:
             lst.append(t)
+    if frame is not None:
+        _remember_frame(frame, header, len(body), reader_version, t)

@@ -110,8 +110,21 @@ class FrameWriter:
         handed = False
         try:
             with CRITICAL:  # Ctrl-C: after the frames are out
-                bufs = _framed(frames)
-                first = bufs[0]
+                if len(frames) == 1 and type(frames[0]) is bytes and \
+                        len(frames[0]) <= _SMALL:  # one small write
+                    buf = _LENGTH.pack(len(frames[0])) + frames[0]
+                    try:
+                        n = self._sock.send(buf, socket.MSG_DONTWAIT)
+                    except (BlockingIOError, InterruptedError):
+                        n = 0
+                    if n == len(buf):
+                        return  # (the lock is released below)
+                    bufs = collections.deque(
+                        (memoryview(buf)[n:],) if n else (buf,))
+                    first = None if n else buf  # (n bytes went out)
+                else:
+                    bufs = _framed(frames)
+                    first = bufs[0]
                 pending = self._write(bufs, deadline if finish else None)
                 if pending and pending[0] is first:  # not a byte went out
                     raise SendDeadline("the peer was not reading (earlier "
