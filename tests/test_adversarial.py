@@ -615,6 +615,41 @@ def test_message_templates_write_and_read_what_the_full_codec_does():
         assert _columns(M.decode(M.encode(m))) == _columns(m)
 
 
+def test_message_templates_learned_and_cleared_by_threads_at_once():
+    """Readers of several links learn (and, past MAX_TEMPLATES, clear)
+    body and whole-frame templates at once: every decode still gives the
+    message encoded, with the full decode's inflation budget."""
+    import random
+    import threading
+    layouts = [M.Message(MessageKind.result, call_id=5,
+                         shards=_call(bytes([n % 251]) * n).shards)
+               for n in range(1, 300)]
+    errors = []
+
+    def decode_many(seed):
+        rng = random.Random(seed)
+        for _ in range(1500):
+            m = rng.choice(layouts)
+            data = bytes(rng.randrange(256) for _ in m.shards.data)
+            sent = dataclasses.replace(
+                m, call_id=rng.randrange(1, 1 << 63),
+                shards=dataclasses.replace(m.shards, data=data))
+            frame = M.encode(sent)
+            got = M.decode(frame, rng.choice((None, 8)))
+            if _columns(got) != _columns(sent) or got.inflation.left != \
+                    envelope.initial_budget(len(frame) - 16):
+                errors.append((sent, got))
+
+    threads = [threading.Thread(target=decode_many, args=(s,))
+               for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sum(map(len, templates._DECODE.values())) <= templates.MAX_TEMPLATES
+
+
 def test_whole_frame_templates_check_the_header_and_checksum():
     """A frame of a learned layout takes the whole-frame template path
     (templates.match_frame): still, a corrupt checksum, other header bytes

@@ -131,6 +131,21 @@ def test_shards_must_match_the_layout():
         arrays.assemble(lay, found[0], 0, "input")
 
 
+def test_bool_buffers_hold_only_zeros_and_ones():
+    """A peer's bool bytes 2 and 255 were taken: numpy showed them as they
+    were, XLA as True (found by review)."""
+    d0 = jax.devices()[0]
+    spec = jax.ShapeDtypeStruct((4,), np.bool_,
+                                sharding=SingleDeviceSharding(d0))
+    lay = arrays.Layout(spec, True)
+    ok = arrays.assemble(lay, {d0.id: (bytes([0, 1, 1, 0]), 0)}, 0, "input")
+    assert np.asarray(ok).tolist() == [False, True, True, False]
+    with pytest.raises(PayloadError, match=(
+            r"^a bool buffer holds bytes other than 0 and 1 .* - at "
+            rf"input\[0\] on device {d0.id}$")):
+        arrays.assemble(lay, {d0.id: (bytes([0, 1, 2, 255]), 0)}, 0, "input")
+
+
 def test_string_lengths_cannot_wrap_around():
     raw = struct.pack("<QQ", 2**64 - 1, 7) + b"abcdef"
     with pytest.raises(PayloadError, match="string lengths do not match"):

@@ -343,7 +343,8 @@ class Layout:
     the payload id, shard shape and byte size."""
 
     __slots__ = ("spec", "shape", "dtype", "sharding", "aval", "kind",
-                 "impl", "np_dtype", "parts", "single", "devices")
+                 "impl", "np_dtype", "parts", "single", "devices",
+                 "is_bool")
 
     def __init__(self, spec, local_only: bool):
         self.spec = spec
@@ -361,6 +362,8 @@ class Layout:
             self.np_dtype = np.dtype(np.uint32)
         elif _is_str(spec.dtype):
             self.kind = "str"
+        self.is_bool = self.kind == "raw" and \
+            np.dtype(self.np_dtype) == np.bool_  # bytes checked: 0 or 1
         self.aval = core.ShapedArray(
             self.shape, spec.dtype, weak_type=getattr(spec, "weak_type", False)
         ) if self.kind == "raw" else None
@@ -400,6 +403,10 @@ def _host(layout: Layout, part, buf, fmt, where: str):
         raise PayloadError(f"buffer of {len(buf)} bytes for a shard of "
                            f"shape {shape} {np.dtype(layout.np_dtype).name} "
                            f"({nbytes} bytes)", where)
+    if layout.is_bool and np.frombuffer(buf, np.uint8).max(initial=0) > 1:
+        raise PayloadError("a bool buffer holds bytes other than 0 and 1 "
+                           "(numpy would show them, XLA read them as True)",
+                           where)
     return np.frombuffer(buf, layout.np_dtype).reshape(shape)
 
 
@@ -407,8 +414,9 @@ def assemble(layout: Layout, found: dict, leaf: int, what: str):
     """The jax.Array of one leaf from ``found``: payload device id ->
     (buffer bytes-like, format).  PayloadError if a shard is missing or
     does not fit its spec."""
+    # The common case, checked inline (bools' bytes are checked in _host)
     if layout.single and layout.kind == "raw" and len(found) == 1 and \
-            _batched_put is not None:  # the common case, checked inline
+            not layout.is_bool and _batched_put is not None:
         d, pid, shape, n, nbytes = layout.parts[0]
         hit = found.get(pid)
         if hit is not None and hit[1] == BufferFormat.raw and \
