@@ -32,21 +32,17 @@ import gc
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 
-from jax._src.export import _export as jexport
-
 from jaxcolo_fb import BufferWhere, MessageKind as K
-from jaxcolo.codec import effects as effects_codec
 from jaxcolo.colocated.inline import InlineExecutor
-from jaxcolo.colocated.program import ProgramRef
 from jaxcolo.errors import EncodeError, ExecutorError, HostWedgedError, \
-    PayloadError, UnavailableHereError, UnregisteredError
+    PayloadError
 from jaxcolo.process import arrays, messages, templates
 from jaxcolo.process import main_types
 from jaxcolo.process.lanes import HoldingGate, LaneRunner
+from jaxcolo.process.program_table import ProgramTable
 from jaxcolo.process.remote_errors import error_message
 from jaxcolo.process.wedge import WEDGE
 from jaxcolo.versions import FEATURE_SINCE
@@ -55,29 +51,6 @@ from jaxcolo.transport import blobs, channel as channel_mod
 log = logging.getLogger("jaxcolo.worker")
 RESUME_SINCE = FEATURE_SINCE["message_resume"]
 PROMOTE_AFTER = 0.005   # seconds a call may hold the reader thread
-UNREGISTERED_HINT = (
-    "; a worker has the registrations of the modules it imports (those of "
-    "the function's argument types and those its body refers to), not "
-    "those of the controller's script (__main__): register the type in a "
-    "module")
-
-
-class _Program:
-    __slots__ = ("ref", "error", "decoded", "in_layouts", "lacked")
-
-    def __init__(self, ref):
-        self.ref = ref
-        self.error = None
-        self.decoded = None
-        self.in_layouts = None
-        self.lacked = None  # registrations() when a type was missing
-
-
-def registrations() -> tuple:
-    """Changes when this process may have registered a type since (a module
-    imported, a pytree node, effect or PRNG impl registered)."""
-    return (len(sys.modules), len(jexport.deserialization_registry),
-            effects_codec.registered_count())
 
 
 def _reason(e: BaseException) -> str:
@@ -100,8 +73,6 @@ class Session:
         self._on_end = on_end
         self.shutdown_requested = False  # else the controller vanished
         self._inline = InlineExecutor()
-        self._programs: dict[bytes, _Program] = {}
-        self._instance_programs: dict[int, list] = {}  # id -> program ids
         self._lanes = LaneRunner(f"jaxcolo-h{host_index}-lane")
         # a multi-host call that failed here holds the gate until the
         # controller's resume (sessions at v7 and later)
@@ -117,6 +88,7 @@ class Session:
         self._ended = threading.Event()
         self.stats = {"calls": 0, "discoveries": 0, "registered": 0,
                       "refused": 0, "errors": 0, "programs_decoded": 0}
+        self._programs = ProgramTable(self.stats)
         # The reader runs a call of an idle lane itself (no hand-off); a
         # call still running after PROMOTE_AFTER seconds makes a new thread
         # the reader, so a blocking function cannot stall later messages.
@@ -330,51 +302,13 @@ class Session:
         return out
 
     def _register(self, m) -> None:
-        if m.program_id is None or m.program is None:
-            raise PayloadError("register needs program_id and program",
-                               "$.program")
-        ref = ProgramRef.of(m.program)
-        if ref.id != m.program_id:
-            raise PayloadError("program id does not match the program's "
-                               "content", "$.program_id")
-        entry = _Program(ref)
-        self._decode(entry, m.inflation)
-        self._programs[ref.id] = entry
-        self.stats["registered"] += 1
-        self._note_method(entry)
-
-    def _note_method(self, entry: _Program) -> None:
-        """A decoded method program goes with its instance's destroy."""
-        if entry.decoded is not None and entry.decoded.kind == "method":
-            self._instance_programs.setdefault(
-                entry.decoded.instance_id, []).append(entry.ref.id)
-
-    def _decode(self, entry: _Program, inflation) -> None:
-        """Decode ``entry``'s program, or set the error each of its calls
-        gets."""
-        self.stats["programs_decoded"] += 1
-        entry.error = entry.lacked = None
-        try:
-            prog = main_types.decode_importing(entry.ref.payload, inflation)
-            entry.in_layouts = [arrays.Layout(s, True)
-                                for s in prog.in_leaves]
-            entry.decoded = prog
-        except UnregisteredError as e:
-            entry.error = UnregisteredError(e.reason + UNREGISTERED_HINT,
-                                            e.path)
-            entry.lacked = registrations()
-        except PayloadError as e:  # reported to each call of the program
-            entry.error = e
-        except Exception as e:  # noqa: BLE001 - e.g. an indivisible sharding
-            entry.error = PayloadError(f"unusable in_specs: {e!r}",
-                                       "$.program.in_specs")
+        self._programs.register(m.program_id, m.program, m.inflation)
 
     def _destroy_instance(self, instance_id: int, lane) -> None:
         """Drop the instance and the method programs naming it (nothing
         calls them any more)."""
         self._inline.destroy_instance(instance_id, lane=lane)
-        for pid in self._instance_programs.pop(instance_id, ()):
-            self._programs.pop(pid, None)
+        self._programs.drop_instance(instance_id)
 
     # -------------------------------------------------------------- calls
     def _call(self, m) -> None:
@@ -390,18 +324,7 @@ class Session:
             get = (arrays.message_buffers(m, self.channel, self._maps,
                                          self._released)
                    if m.shards is not None else None)
-            entry = self._programs.get(m.program_id)
-            if entry is None:
-                raise PayloadError("call of a program that was never "
-                                   "registered", "$.program_id")
-            if entry.error is not None:
-                if entry.lacked is not None and \
-                        entry.lacked != registrations():
-                    # a type registered (a module imported) since then?
-                    self._decode(entry, None)
-                    self._note_method(entry)
-                if entry.error is not None:
-                    raise entry.error
+            entry = self._programs.for_call(m.program_id)
             if m.ordered:
                 wedged = WEDGE.reason()
                 if wedged is not None:
