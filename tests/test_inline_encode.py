@@ -1,15 +1,15 @@
-"""The inline fast path (arrays.inline_shards + templates.encode_inline)
+"""The inline fast path (packing.inline_shards + templates.encode_inline)
 writes exactly what a Packer and the full encoder write."""
 
 import jax
 import numpy as np
 
-from jaxcolo.process import arrays, messages as M, templates
+from jaxcolo.process import messages as M, packing, templates
 from jaxcolo_fb import MessageKind
 
 
 def _full(kind, xs, devices, call_id, lane, program_id):
-    p = arrays.Packer(None)
+    p = packing.Packer(None)
     for i, x in enumerate(xs):
         p.add(i, x, devices)
     m = M.Message(kind, call_id=call_id, lane=lane, program_id=program_id,
@@ -31,7 +31,7 @@ def test_inline_encode_is_the_full_encode():
     for xs in cases:
         devices = {x.sharding._device for x in xs}
         for lane in (0, 9):
-            inline = arrays.inline_shards(xs, devices)
+            inline = packing.inline_shards(xs, devices)
             assert inline is not None
             key = (MessageKind.call, 7, bytes(16), False, bool(lane),
                    inline[0])
@@ -49,14 +49,14 @@ def test_inline_encode_is_the_full_encode():
 def test_inline_shards_declines_what_a_packer_sends_otherwise():
     devs = jax.devices()
     x = jax.device_put(np.int32(1), devs[0])
-    assert arrays.inline_shards([x], {devs[1]}) is None  # not this host's
-    big = jax.device_put(np.zeros(arrays.INLINE_LIMIT // 4 + 1, np.float32),
+    assert packing.inline_shards([x], {devs[1]}) is None  # not this host's
+    big = jax.device_put(np.zeros(packing.INLINE_LIMIT // 4 + 1, np.float32),
                          devs[0])
-    assert arrays.inline_shards([x, big], {devs[0]}) is None
+    assert packing.inline_shards([x, big], {devs[0]}) is None
     key = jax.random.key(0)
-    assert arrays.inline_shards([key], None) is None
+    assert packing.inline_shards([key], None) is None
     sharded = jax.device_put(np.arange(8.0), jax.sharding.NamedSharding(
         jax.sharding.Mesh(np.array(devs[:2]), ("x",)),
         jax.sharding.PartitionSpec("x")))
-    assert arrays.inline_shards([sharded], None) is None
-    assert arrays.inline_shards([object()], None) is None
+    assert packing.inline_shards([sharded], None) is None
+    assert packing.inline_shards([object()], None) is None

@@ -23,7 +23,7 @@ from jaxcolo.codec import spec_tree
 from jaxcolo.colocated.body import dumps_body
 from jaxcolo.colocated.program import ProgramRef, encode_program
 from jaxcolo.errors import ExecutorError, PayloadError
-from jaxcolo.process import arrays, messages
+from jaxcolo.process import arrays, messages, packing
 from jaxcolo.process.messages import MessageKind as K
 from jaxcolo.transport.channel import Channel
 from tests.colocated_support import cpu_devices, ok_call, put
@@ -150,7 +150,7 @@ def test_string_lengths_cannot_wrap_around():
     raw = struct.pack("<QQ", 2**64 - 1, 7) + b"abcdef"
     with pytest.raises(PayloadError, match="string lengths do not match"):
         arrays.decode_strings(raw, 2, (2,), "$")
-    ok = arrays.encode_strings(np.array(["ab", ""], np.dtypes.StringDType()))
+    ok = packing.encode_strings(np.array(["ab", ""], np.dtypes.StringDType()))
     assert arrays.decode_strings(ok, 2, (2,), "$").tolist() == ["ab", ""]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 
 from jaxcolo.errors import ExecutorError
-from jaxcolo.process import arrays, messages, templates
+from jaxcolo.process import messages, packing, templates
 from jaxcolo.process.hostset import RESUME_SINCE
 from jaxcolo.process.hosts import HostLink
 from jaxcolo.process.results import Call, executor_thread
@@ -134,7 +134,7 @@ class CallSending:
                     else messages.MessageKind.call)
             devices = plan.host_devices[h]
             # every input in the message: its template, without a Packer
-            inline = arrays.inline_shards(args, devices)
+            inline = packing.inline_shards(args, devices)
             data = frames = key = None
             if inline is not None:
                 key = (kind, link.version, plan.ref.id, ordered,
@@ -143,7 +143,7 @@ class CallSending:
                                                inline[1])
                 frames = ()
             if data is None:
-                packer = arrays.Packer(link.pool, deadline=deadline)
+                packer = packing.Packer(link.pool, deadline=deadline)
                 for i, x in enumerate(args):
                     packer.add(i, x, devices)
                 message = messages.Message(
@@ -174,7 +174,7 @@ class CallSending:
                 f"could be sent to {link.describe} (its connection was busy "
                 "with earlier messages the worker had not read); it was "
                 "not sent"))
-        except arrays.CopyDeadline as e:
+        except packing.CopyDeadline as e:
             call.send_broken = True
             with self._lock:
                 self._stats["timeouts"] += 1

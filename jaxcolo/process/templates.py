@@ -167,7 +167,7 @@ _INLINE: dict = {}  # inline key -> _Template (see encode_inline)
 
 
 def encode_inline(key, call_id: int, lane: int, data) -> bytes | None:
-    """The message of inline key ``key`` (``arrays.inline_shards``'s
+    """The message of inline key ``key`` (``packing.inline_shards``'s
     signature with the message's kind, version, program id, ordered flag
     and whether it has a lane) with this call id, lane and in-message data,
     through the template its first message left (``remember_inline``);

@@ -39,7 +39,7 @@ from jaxcolo_fb import BufferWhere, MessageKind as K
 from jaxcolo.colocated.inline import InlineExecutor
 from jaxcolo.errors import EncodeError, ExecutorError, HostWedgedError, \
     PayloadError
-from jaxcolo.process import arrays, messages, templates
+from jaxcolo.process import arrays, messages, packing, templates
 from jaxcolo.process import main_types
 from jaxcolo.process.lanes import HoldingGate, LaneRunner
 from jaxcolo.process.program_table import ProgramTable
@@ -386,14 +386,14 @@ class Session:
                 specs = None
             del args
             # every output in the message: its template, without a Packer
-            inline = None if discover else arrays.inline_shards(outs)
+            inline = None if discover else packing.inline_shards(outs)
             if inline is not None:
                 key = (K.result, self.version, inline[0])
                 data = templates.encode_inline(key, call_id, 0, inline[1])
             if data is not None:
                 reply, frames = None, ()
             else:
-                packer = arrays.Packer(self._pool)
+                packer = packing.Packer(self._pool)
                 packer.add_all(outs)
                 reply = messages.Message(K.result, call_id=call_id,
                                          shards=packer.finish(), specs=specs,
