@@ -1114,6 +1114,43 @@ def _sum_program():
                                        NamedSharding(mesh, P("x")))
 
 
+def test_stats_of_a_host_lost_while_asked_are_empty():
+    """A worker lost while stats() waited for its reply: stats() raised
+    AttributeError ('NoneType' object has no attribute 'get'; found by
+    review).  That host's stats are {}."""
+    with jaxcolo.ProcessExecutor(num_hosts=1, lost_timeout=1.0,
+                                 heartbeat=0.25) as ex:
+        pid = ex.worker_pids()[0]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            out = ex.stats(timeout=10.0)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert out["hosts"] == [{}]
+        assert ok_call(ex) == 42 and ex.stats()["lost"] == 1
+
+
+@pytest.mark.parametrize("max_version", [None, 6], ids=["v8", "v6"])
+def test_calls_submitted_after_a_host_failed_before_a_collective(max_version):
+    """Submitted, the calls after the failed one are sent while host 1
+    still waits in its collective: at v6 they returned 4.0 and 20.0 for 16
+    and 24, then hung (found by review).  Each is right or fails."""
+    f, make = _sum_program()
+    with jaxcolo.ProcessExecutor(num_hosts=2, straggler_timeout=1.0,
+                                 max_version=max_version) as ex, \
+            jaxcolo.use_executor(ex):
+        assert float(f(make(1))) == 8.0
+        with pytest.raises(ValueError, match="host 0 refuses"):
+            f(make(-1))
+        futures = {k: f.submit(make(k)) for k in (2, 3, 4)}
+        for k, future in futures.items():
+            try:
+                assert float(future.result(60)) == 8.0 * k
+            except jaxcolo.ExecutorError as e:
+                assert "was lost while this call was in flight" in str(e)
+        assert float(f(make(5))) == 40.0
+
+
 def _right_or_interrupted(f, make, ks, why: str) -> None:
     """Sums of ``make(k)`` for ``ks``: each is right, or fails with an
     ExecutorError saying ``why`` -- never wrong; the last is right."""
@@ -1127,14 +1164,19 @@ def _right_or_interrupted(f, make, ks, why: str) -> None:
     assert outcomes[-1] is True and False not in outcomes, outcomes
 
 
-def test_a_host_failing_before_a_collective_restarts_the_cluster():
+@pytest.mark.parametrize("max_version", [None, 6], ids=["v8", "v6"])
+def test_a_host_failing_before_a_collective_restarts_the_cluster(
+        max_version):
     """Host 0 raised while host 1 waited in the call's collective.  Host 1
     then paired that collective with host 0's *next* call: later calls
     returned sums of the wrong inputs (or hung), forever.  Now the host
-    that failed holds its next multi-host calls until the others are done;
-    a host still stuck after straggler_timeout gets the cluster restarted."""
+    that failed holds its next multi-host calls until the others are done
+    (sessions before v7, whose hosts cannot hold: the controller, which
+    sent them at once -- found by review); a host still stuck after
+    straggler_timeout gets the cluster restarted."""
     f, make = _sum_program()
-    with jaxcolo.ProcessExecutor(num_hosts=2, straggler_timeout=1.0) as ex:
+    with jaxcolo.ProcessExecutor(num_hosts=2, straggler_timeout=1.0,
+                                 max_version=max_version) as ex:
         pids = ex.worker_pids()
         with jaxcolo.use_executor(ex):
             assert float(f(make(1))) == 8.0

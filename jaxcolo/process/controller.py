@@ -131,6 +131,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         self._wedged: dict = {}  # running workers: (address, pid) -> why
         self._resuming = 0  # threads sending resumes
         self._holding: set = set()  # multi-host calls hosts hold after
+        self._unheld: set = set()  # ... that the controller holds after
         self._restart = restart
         self._worker_args = tuple(worker_args)
         # jax.config as this thread sees it now, for workers (re)started

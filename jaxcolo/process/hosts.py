@@ -170,6 +170,9 @@ class HostLink:
             self.kick()
             if not ev.wait(seconds_until(deadline)):
                 raise ExecutorError(f"{self.describe}: no stats reply")
+            if box[1] is None:  # woken by the link's teardown
+                raise ExecutorError(f"{self.describe} was lost before it "
+                                    "replied with its stats")
             return box[1]
         finally:
             self._stats_waiters.pop(key, None)

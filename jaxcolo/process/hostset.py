@@ -192,6 +192,8 @@ class HostSet:
                 if link.version >= RESUME_SINCE and not call.abandoned:
                     call.held.append((call_id, link))
                     self._holding.add(call)
+                elif not call.abandoned:  # a host that cannot hold (v<7):
+                    self._unheld.add(call)  # the controller holds for it
             self._watch_stragglers(call)
         self._settle_multi_host(call, sent=False)
         self._check_settled(call)
@@ -269,6 +271,22 @@ class HostSet:
             self._watch_stragglers(call)  # collectives for the others
         self._settle_multi_host(call)
         self._check_settled(call)
+
+    def _wait_for_unheld_failures(self, call: Call) -> None:
+        """(Sending multi-host ``call``, under ``_ordered_lock``.)  While a
+        multi-host call that failed on a host that cannot hold (a session
+        before v7) still runs on another host, that one may wait in a
+        collective the failed host never joins: the failed host's next
+        multi-host call would pair with it (wrong results) -- so no
+        multi-host call is sent until it is done, or its hosts are lost
+        (``straggler_timeout``), or ``call`` timed out."""
+        while True:
+            with self._lock:
+                self._unheld = {c for c in self._unheld if not c.settled}
+                if not self._unheld or self._closed or call.timed_out or \
+                        call.future.done():
+                    return
+            time.sleep(0.002)
 
     def _settle_multi_host(self, call: Call, sent: bool = True) -> None:
         """Resume the hosts holding for ``call`` once every part of it was

@@ -53,6 +53,7 @@ class CallSending:
         with self._ordered_lock:
             call.sending = True
             try:
+                self._wait_for_unheld_failures(call)
                 links = self._cluster_links(call.plan.hosts, call, limit)
                 # Every host gets it, also after one failed it (that one
                 # holds), unless a host cannot hold (v<7)
