@@ -232,6 +232,7 @@ class HostSet:
             if not call.timed_out and any(
                     c in self._pending for c in call.call_ids):
                 return
+            self._unheld.discard(call)  # (not kept until the next send)
         call.settle()
 
     def _sent_multi_host(self, call: Call) -> None:
