@@ -750,16 +750,21 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _wait_exited(pids, seconds: float = 10) -> None:
+    """Wait until none of the worker processes ``pids`` runs any more."""
+    deadline = time.monotonic() + seconds
+    while any(_running(p) for p in pids):
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.05)
+
+
 def test_an_executor_dropped_without_close_is_collected_and_stops():
     """Its threads held it (callbacks bound to it), so an executor dropped
     without close() lived, with its workers, until the process exited."""
     ref, pids = _used_and_dropped()
     gc.collect()
     assert ref() is None
-    deadline = time.monotonic() + 10
-    while any(_running(p) for p in pids):
-        assert time.monotonic() < deadline, pids
-        time.sleep(0.05)
+    _wait_exited(pids)
 
 
 class _Plus:
@@ -780,10 +785,7 @@ def test_a_live_instance_does_not_keep_a_dropped_executor():
     del ex
     gc.collect()
     assert ref() is None
-    deadline = time.monotonic() + 10
-    while any(_running(p) for p in pids):
-        assert time.monotonic() < deadline, pids
-        time.sleep(0.05)
+    _wait_exited(pids)
     del plus  # its destroy finds no executor: nothing to do
     gc.collect()
 

@@ -238,6 +238,18 @@ def test_deferral_stays_while_any_executor_is_open():
     assert signal.getsignal(signal.SIGINT) is original
 
 
+def _wait_gone(pid: int, why: str, seconds: float = 30) -> None:
+    """Wait until process ``pid`` no longer exists (fail with ``why``)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.1)
+    pytest.fail(why)
+
+
 _KILLED_MID_CALL = r"""
 import time, jax, numpy as np, jaxcolo
 
@@ -275,15 +287,7 @@ def test_a_killed_controllers_segments_are_removed_by_its_worker():
     finally:
         p.kill()
         p.wait()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(worker, 0)
-        except OSError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the worker outlived its controller")
+    _wait_gone(worker, "the worker outlived its controller")
     assert segments(p.pid) == []
 
 
@@ -318,15 +322,7 @@ def test_a_killed_controllers_unsent_segments_are_removed_by_its_worker():
     finally:
         p.kill()
         p.wait()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(worker, 0)
-        except OSError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the worker outlived its controller")
+    _wait_gone(worker, "the worker outlived its controller")
     assert name not in os.listdir("/dev/shm")
 
 

@@ -304,14 +304,17 @@ class InlineExecutor(Executor):
         device = loaded.default_device
         if device is _PROCESS_DEFAULT:
             if _default_device.value is None:  # the same: no context
-                fn = self._function(loaded)  # (~0.6 us)
-                a, kw = loaded.in_treedef.unflatten(args)
-                return jtu.tree_flatten(fn(*a, **kw))
+                return self._call_body(loaded, args)  # (~0.6 us)
             device = jax.local_devices()[0]
         with jax.default_device(device):
-            fn = self._function(loaded)  # (an instance is made here)
-            a, kw = loaded.in_treedef.unflatten(args)
-            return jtu.tree_flatten(fn(*a, **kw))
+            return self._call_body(loaded, args)
+
+    def _call_body(self, loaded: _Loaded, args: Sequence):
+        """(leaves, treedef) of the body's outputs (an instance's
+        ``__init__`` runs here, at its first method call)."""
+        fn = self._function(loaded)
+        a, kw = loaded.in_treedef.unflatten(args)
+        return jtu.tree_flatten(fn(*a, **kw))
 
     def _run(self, loaded: _Loaded, args: Sequence, checked=False) -> list:
         leaves, treedef = self._invoke(loaded, args, checked)

@@ -167,19 +167,13 @@ class CallSending:
                 sent = True  # sent, or its rest is being sent
                 call.sent_parts += 1
         except SendDeadline:  # nothing of the call was sent
-            call.send_broken = True
-            with self._lock:
-                self._stats["timeouts"] += 1
-            self._fail_pending(call_id, ExecutorError(
+            self._timed_out_unsent(call, call_id, (
                 f"{plan.name}: call timed out after {limit[1]}s before it "
                 f"could be sent to {link.describe} (its connection was busy "
                 "with earlier messages the worker had not read); it was "
                 "not sent"))
         except packing.CopyDeadline as e:
-            call.send_broken = True
-            with self._lock:
-                self._stats["timeouts"] += 1
-            self._fail_pending(call_id, ExecutorError(
+            self._timed_out_unsent(call, call_id, (
                 f"{plan.name}: call timed out after {limit[1]}s while its "
                 f"inputs were copied into shared memory ({e}); it was not "
                 "sent"))
@@ -198,6 +192,13 @@ class CallSending:
         finally:
             if not sent and packer is not None and not link.is_lost:
                 packer.abandon()  # never sent: its leases come back
+
+    def _timed_out_unsent(self, call: Call, call_id, message: str) -> None:
+        """Part ``call_id`` of ``call`` timed out before any of it was sent."""
+        call.send_broken = True
+        with self._lock:
+            self._stats["timeouts"] += 1
+        self._fail_pending(call_id, ExecutorError(message))
 
     def _fail_pending(self, call_id, error) -> None:
         with self._lock:
