@@ -169,3 +169,63 @@ def test_a_passed_through_input_gives_its_shared_memory_back(host):
                 time.sleep(0.02)  # no message to the worker meanwhile
             assert pool.stats()["leased"] == 0
     assert pool.stats()["segments"] <= 3
+
+
+def _resident(ex) -> tuple[int, int]:
+    """Bytes of shared-memory pages held now: (controller's, worker's)."""
+    st = ex.stats()
+    return (st["controller_segments"][0].get("resident_bytes", 0),
+            st["hosts"][0].get("resident_bytes", 0))
+
+
+def _wait_resident(ex, most: int) -> tuple[int, int]:
+    """_resident once both sides hold at most ``most`` bytes (or after
+    20 s): releases travel after the arrays are collected."""
+    deadline = time.monotonic() + 20
+    while True:
+        gc.collect()
+        got = _resident(ex)
+        if max(got) <= most or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def test_idle_shared_memory_is_given_back_past_retain():
+    """A session kept every segment's pages until close: one 48 MiB call
+    pinned 48 MiB of /dev/shm on each side for the rest of the session.
+    Past ``shm_retain`` the idle segments' pages are freed (measured: the
+    files' allocated blocks), and later calls still work."""
+    n = 12 << 20  # float32s: 48 MiB
+    d = cpu_devices()[0]
+    f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+        out_specs_fn=lambda x: x)
+    with jaxcolo.ProcessExecutor(num_hosts=1, shm_retain=1 << 20) as ex, \
+            jaxcolo.use_executor(ex):
+        if ex._links[0].pool is None:
+            pytest.skip("no shared memory here")
+        for i in range(2):
+            out = f(put(np.full(n, i, np.float32), d))
+            held = _resident(ex)  # the output still aliases the worker's
+            assert held[1] >= 4 * n, held
+            assert float(out[0]) == i + 1 and float(out[-1]) == i + 1
+            del out
+            assert _wait_resident(ex, 1 << 20) <= (1 << 20, 1 << 20)
+    with pytest.raises(ValueError, match="shm_retain"):
+        jaxcolo.ProcessExecutor(num_hosts=1, shm_retain=-1)
+
+
+def test_idle_shared_memory_stays_warm_within_retain(host):
+    """Under the default budget an idle segment keeps its pages (the next
+    call of that size writes into warm memory)."""
+    if host._links[0].pool is None:
+        pytest.skip("no shared memory here")
+    n = 1 << 20  # float32s: 4 MiB
+    d = cpu_devices()[0]
+    f = jaxcolo.colocated_python(lambda x: x).specialize(
+        out_specs_fn=lambda x: x)
+    with jaxcolo.use_executor(host):
+        out = f(put(np.ones(n, np.float32), d))
+        del out
+    assert _leased(host) == (0, 0)
+    mine, theirs = _resident(host)
+    assert mine >= 4 * n and theirs >= 4 * n, (mine, theirs)

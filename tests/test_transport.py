@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import jaxcolo
@@ -383,3 +384,48 @@ def test_a_send_partly_written_by_its_deadline_is_finished_in_order():
     finally:
         chan.close()
         peer.close()
+
+
+def test_segment_pool_frees_idle_pages_past_retain():
+    """Idle segments keep at most ``retain`` bytes of pages, least recently
+    used freed first; a freed segment stays valid for the peer's open file
+    (a later lease's bytes are read there)."""
+    from jaxcolo.transport import blobs
+    if not blobs.available():
+        pytest.skip("no /dev/shm")
+    mib = 1 << 20
+    pool = blobs.SegmentPool("t", retain=3 * mib)
+    maps = blobs.SegmentMaps()
+    try:
+        small, big = pool.lease(2 * mib), pool.lease(8 * mib)
+        for lease in (small, big):
+            maps.add(*lease.announce)
+            lease.view[:] = 7
+        seg_small = pool._segments[small.segment]
+        seg_big = pool._segments[big.segment]
+        assert seg_big.resident_bytes() >= 8 * mib
+        pool.release([small.id])
+        assert seg_small.resident_bytes() >= 2 * mib  # within retain
+        pool.release([big.id])  # 10 MiB idle: both freed, oldest first
+        assert seg_small.resident_bytes() == 0
+        assert seg_big.resident_bytes() == 0
+        assert pool.stats()["resident_bytes"] == 0
+        again = pool.lease(8 * mib)
+        assert again.segment == big.segment and again.announce is None
+        again.view[:] = np.arange(8 * mib, dtype=np.uint64).astype(np.uint8)
+        seen = maps.view(again.segment, 0, 8 * mib)
+        np.testing.assert_array_equal(seen[:1000],
+                                      np.arange(1000).astype(np.uint8))
+        assert seen[-1] == (8 * mib - 1) % 256
+        del seen
+        pool.release([again.id])  # 8 MiB > retain: freed again
+        assert pool.stats()["resident_bytes"] == 0
+        kept = pool.lease(3 * mib)
+        kept.view[:] = 1
+        pool.release([kept.id])
+        assert pool.stats()["resident_bytes"] >= 3 * mib
+    finally:
+        maps.clear()
+        pool.close()
+    with pytest.raises(ValueError, match="retain"):
+        blobs.SegmentPool("t", retain=-5)

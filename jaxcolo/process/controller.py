@@ -64,7 +64,7 @@ from jaxcolo.process.lane_order import LaneOrder
 from jaxcolo.process import launch, lifetime
 from jaxcolo.process.results import Call, Plan, executor_thread
 from jaxcolo.process.sending import CallSending
-from jaxcolo.transport import interrupts
+from jaxcolo.transport import blobs, interrupts
 
 _LANE_MASK = (1 << 63) - 1
 # close() waits up to this long for multi-host calls that failed on some
@@ -96,6 +96,10 @@ class ProcessExecutor(HostSet, CallSending, Executor):
     wait forever).  ``restart``:
     restart lost local workers.  ``min_version``/``max_version``: the
     payload versions this controller speaks (default: all it can).
+    ``shm``: use shared memory for large buffers when the worker shares
+    this machine's /dev/shm.  ``shm_retain``: bytes of shared-memory pages
+    the idle segments of each side of a connection keep for reuse (the
+    rest are given back; local workers are started with the same value).
     ``local_transport``: how started workers are reached, ``"unix"``
     (Unix-domain sockets in a private directory; the default, cheapest per
     message) or ``"tcp"`` (loopback).
@@ -109,6 +113,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
                  connect_timeout: float = 10.0, restart: bool = True,
                  min_version: int | None = None,
                  max_version: int | None = None, shm: bool = True,
+                 shm_retain: int = blobs.DEFAULT_RETAIN,
                  local_transport: str = "unix", worker_args=()):
         if (num_hosts is None) == (addresses is None):
             raise ValueError("give either num_hosts (start workers) or "
@@ -123,7 +128,8 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         self._opts = dict(
             timeout=_seconds(connect_timeout, "connect_timeout"),
             lost_timeout=_seconds(lost_timeout, "lost_timeout"),
-            heartbeat=_seconds(heartbeat, "heartbeat"), use_shm=shm)
+            heartbeat=_seconds(heartbeat, "heartbeat"), use_shm=shm,
+            shm_retain=blobs.check_retain(shm_retain, "shm_retain"))
         self._start_timeout = _seconds(start_timeout, "start_timeout")
         self._call_timeout = check_timeout(call_timeout, "call_timeout")
         self._straggler_timeout = check_timeout(straggler_timeout,
@@ -134,6 +140,9 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         self._unheld: set = set()  # ... that the controller holds after
         self._restart = restart
         self._worker_args = tuple(worker_args)
+        if shm_retain != blobs.DEFAULT_RETAIN and not any(
+                str(a).startswith("--shm-retain") for a in worker_args):
+            self._worker_args += ("--shm-retain", str(shm_retain))
         # jax.config as this thread sees it now, for workers (re)started
         self._worker_env = launch.worker_env() if num_hosts else None
         if local_transport not in ("unix", "tcp"):
@@ -326,7 +335,9 @@ class ProcessExecutor(HostSet, CallSending, Executor):
 
     def stats(self, timeout: float = 10.0) -> dict:
         """Controller counters, plus each host's (``hosts``) and their sums
-        for ``bodies_loaded``, ``instances_created``, ``registered``."""
+        for ``bodies_loaded``, ``instances_created``, ``registered``;
+        ``controller_segments``: per host, the controller's shared-memory
+        segments for it ({} without shared memory)."""
         with self._lock:
             out = dict(self._stats)
         hosts = []
@@ -340,6 +351,9 @@ class ProcessExecutor(HostSet, CallSending, Executor):
                   "refused"):
             out[k] = sum(h.get(k, 0) for h in hosts)
         out["refused_by_hosts"] = sum(link.refused for link in self._links)
+        out["controller_segments"] = [
+            link.pool.stats() if link.pool is not None else {}
+            for link in self._links]
         return out
 
     # ------------------------------------------------------------- calls

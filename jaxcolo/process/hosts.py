@@ -45,7 +45,8 @@ CLOSE_SEND_WAIT = 1.0  # close() skips the shutdown message behind a stuck send
 class HostLink:
     def __init__(self, index: int, address: str, authkey: bytes, hello, *,
                  timeout: float, lost_timeout: float, heartbeat: float,
-                 use_shm: bool, on_reply, on_lost, pid: int | None = None):
+                 use_shm: bool, shm_retain: int, on_reply, on_lost,
+                 pid: int | None = None):
         self.index = index
         self.address = address
         self.channel = ch.connect(address, authkey, hello, timeout=timeout,
@@ -67,6 +68,7 @@ class HostLink:
         self._lost_lock = threading.Lock()
         self._released: queue.SimpleQueue = queue.SimpleQueue()
         self._stats_waiters: dict = {}
+        self._shm_retain = shm_retain
         self.last_seen = time.monotonic()
         self._role = threading.Condition()   # guards the reading role
         self._reading = False                # some thread holds the role
@@ -120,7 +122,8 @@ class HostLink:
                 f"{reply.error_message}")
         self.pid = self.pid or reply.pid or None
         if name and reply.token == token:
-            self.pool = blobs.SegmentPool(f"c{self.index}")
+            self.pool = blobs.SegmentPool(f"c{self.index}",
+                                          self._shm_retain)
 
     # ------------------------------------------------------------ sending
     def send(self, m: messages.Message, frames=(),

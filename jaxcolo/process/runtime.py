@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="exit when this process is no longer the parent")
     p.add_argument("--exit-with-controller", action="store_true",
                    help="serve one controller session, then exit")
+    p.add_argument("--shm-retain", type=int, default=None,
+                   help="bytes of shared-memory pages this worker's idle "
+                        "segments keep for reuse (default 256 MiB)")
     p.add_argument("--init-timeout", type=int, default=60)
     p.add_argument("--log-level", default="WARNING")
 
@@ -123,6 +126,8 @@ def check_arguments(args) -> None:
             f"{args.host_index}")
     if args.local_devices is not None and args.local_devices < 1:
         bad(f"--local-devices must be >= 1, got {args.local_devices}")
+    if args.shm_retain is not None and args.shm_retain < 0:
+        bad(f"--shm-retain must be >= 0 (bytes), got {args.shm_retain}")
     try:
         handshake.local_hello("worker", min_version=args.min_version,
                               max_version=args.max_version)
@@ -248,7 +253,8 @@ def run(args) -> int:
             busy = state["session"] is not None
             if not busy:
                 state["session"] = Session(channel, host_index=args.host_index,
-                                           on_end=ended)
+                                           on_end=ended,
+                                           shm_retain=args.shm_retain)
         if busy:
             log.warning("refused a second controller: this worker serves "
                         "one at a time")

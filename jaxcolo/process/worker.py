@@ -65,7 +65,8 @@ class Session:
     lost connection).
     """
 
-    def __init__(self, channel, *, host_index: int, on_end=None):
+    def __init__(self, channel, *, host_index: int, on_end=None,
+                 shm_retain: int | None = None):
         self.channel = channel
         self.version = channel.version
         self.host_index = host_index
@@ -81,6 +82,8 @@ class Session:
         self._multi_running: set = set()  # multi-host calls running
         self._multi_closed = False       # the session ended: none starts
         self._pool = None                    # our segments, when shm works
+        self._shm_retain = blobs.DEFAULT_RETAIN if shm_retain is None \
+            else shm_retain
         self._maps = blobs.SegmentMaps()     # the controller's segments
         self._released: queue.SimpleQueue = queue.SimpleQueue()
         self._heartbeat = 1.0
@@ -288,7 +291,8 @@ class Session:
         if m.text and m.token:
             token = blobs.read_probe(m.text, len(m.token))
             if token == m.token and blobs.available():
-                self._pool = blobs.SegmentPool(f"w{self.host_index}")
+                self._pool = blobs.SegmentPool(f"w{self.host_index}",
+                                               self._shm_retain)
         self._send_quietly(messages.Message(K.setup, token=token,
                                             pid=os.getpid()))
 

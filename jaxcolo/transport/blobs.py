@@ -8,6 +8,13 @@ the buffer in place -- JAX on CPU may alias the mapping, with no copy -- and
 sends the lease id back when the buffer's own mapping is collected (JAX
 keeps that mapping, not a view, alive while it aliases it), so the
 sender reuses the segment (warm pages: no page faults on the next call).
+Idle segments keep their pages only up to a budget (``retain`` bytes per
+pool, least recently used dropped first): past it a segment's pages are
+freed (the file is cut to nothing and grown back, sparse), and its next
+lease allocates them again.  The segment itself, its name and the peer's
+open file stay as they are, so this needs nothing from the peer: a
+released lease has no mapping left on the receiving side (see
+:class:`SegmentMaps`).
 
 Files are unlinked as soon as the receiver has mapped them (at the first
 release of a segment), and in any case when the pool closes; a controller
@@ -33,10 +40,19 @@ import numpy as np
 
 SHM_DIR = "/dev/shm"
 MIN_SEGMENT = 1 << 20
+DEFAULT_RETAIN = 256 << 20  # bytes of pages idle segments keep, per pool
 
 
 def _size_class(n: int) -> int:
     return max(MIN_SEGMENT, 1 << (max(n, 1) - 1).bit_length())
+
+
+def check_retain(value, what: str) -> int:
+    """``value`` if it is a byte count (an int >= 0), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an int >= 0 (bytes of shared "
+                         f"memory idle segments keep), got {value!r}")
+    return value
 
 
 def available() -> bool:
@@ -85,6 +101,21 @@ class _Segment:
             os.posix_fallocate(self.fd, 0, n)
             self.reserved = n
 
+    def free_pages(self) -> None:
+        """Give the segment's pages back to the system; its size, its
+        mappings and the peer's open file stay valid (reading a page that
+        is gone reads zeros; writes follow ``reserve``)."""
+        if self.reserved and self.fd >= 0:
+            os.ftruncate(self.fd, 0)
+            os.ftruncate(self.fd, self.size)
+        self.reserved = 0
+
+    def resident_bytes(self) -> int:
+        """Bytes of pages the segment's file holds (what /dev/shm counts)."""
+        if self.fd < 0:
+            return 0
+        return os.fstat(self.fd).st_blocks * 512
+
     def discard(self) -> None:
         """Close the file (the mapping lives while arrays use it)."""
         if self.linked:
@@ -112,12 +143,16 @@ class Lease:
 class SegmentPool:
     """The segments this side writes into (see the module docstring)."""
 
-    def __init__(self, tag: str = "x"):
+    def __init__(self, tag: str = "x", retain: int = DEFAULT_RETAIN):
+        """``retain``: bytes of pages the idle segments may keep (>= 0)."""
         self.prefix = f"jaxcolo-{os.getpid()}-{secrets.token_hex(6)}-{tag}"
+        self.retain = check_retain(retain, "retain")
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._segments: dict[int, _Segment] = {}
         self._idle: dict[int, list] = {}      # size class -> idle segments
+        self._idle_order: dict[int, _Segment] = {}  # id -> seg, LRU first
+        self._idle_reserved = 0  # bytes reserved by idle segments
         self._leases: dict[int, _Segment] = {}
         self._closed = False
 
@@ -129,7 +164,10 @@ class SegmentPool:
                 raise RuntimeError("segment pool is closed")
             idle = self._idle.get(cls)
             seg = idle.pop() if idle else None
-            if seg is None:
+            if seg is not None:
+                del self._idle_order[seg.id]
+                self._idle_reserved -= seg.reserved
+            else:
                 sid = next(self._ids)
                 seg = _Segment(sid, f"{self.prefix}-{sid}", cls)
                 self._segments[sid] = seg
@@ -137,7 +175,7 @@ class SegmentPool:
                 seg.reserve(size)  # only the pages this buffer uses
             except OSError:
                 if seg.announced:  # the peer knows it: keep it for later
-                    self._idle.setdefault(cls, []).append(seg)
+                    self._make_idle(seg)
                 else:
                     self._segments.pop(seg.id, None)
                     seg.discard()
@@ -175,14 +213,37 @@ class SegmentPool:
         elif seg.linked:  # the peer has mapped it: the name can go
             unlink(seg.name)
             seg.linked = False
-        self._idle.setdefault(seg.size, []).append(seg)
+        self._make_idle(seg)
         return True
 
+    def _make_idle(self, seg: _Segment) -> None:
+        """(Under the lock.)  ``seg`` joins the idle segments; past the
+        ``retain`` budget the least recently used ones lose their pages."""
+        self._idle.setdefault(seg.size, []).append(seg)
+        self._idle_order[seg.id] = seg
+        self._idle_reserved += seg.reserved
+        if self._idle_reserved <= self.retain:
+            return
+        for old in list(self._idle_order.values()):
+            if old.reserved:
+                self._idle_reserved -= old.reserved
+                try:
+                    old.free_pages()
+                except OSError:  # keeps its pages; counted as free anyway
+                    old.reserved = 0
+                if self._idle_reserved <= self.retain:
+                    return
+
     def stats(self) -> dict:
+        """``segments``/``segment_bytes``: how many and how large;
+        ``resident_bytes``: the pages their files hold now (measured);
+        ``leased``: leases the peer has not released."""
         with self._lock:
             return {"segments": len(self._segments),
                     "segment_bytes": sum(s.size for s in
                                          self._segments.values()),
+                    "resident_bytes": sum(s.resident_bytes() for s in
+                                          self._segments.values()),
                     "leased": len(self._leases)}
 
     def close(self) -> None:
@@ -193,6 +254,8 @@ class SegmentPool:
                 seg.discard()
             self._segments.clear()
             self._idle.clear()
+            self._idle_order.clear()
+            self._idle_reserved = 0
             self._leases.clear()
 
 
