@@ -646,3 +646,24 @@ def test_use_executor_blocks_overlapping_in_two_threads():
         t.join(20)
     assert seen == {"b": True}
     assert jaxcolo.get_executor() is before
+
+
+def test_jax_clear_caches_drops_specialisations(executor):
+    """As JAX's colocated functions' caches, a function's specialisations
+    are dropped by jax.clear_caches() (they were kept, one per signature,
+    for the function's life); calls after it specialise again."""
+    import gc
+    import weakref
+    f = jaxcolo.colocated_python(add_one_tree)
+    d = cpu_devices()[0]
+    assert int(f(put(1, d))) == 2
+    assert int(f(put(np.float32(1), d))) == 2
+    assert signatures(f) == 2
+    jax.clear_caches()
+    assert signatures(f) == 0
+    assert int(f(put(5, d))) == 6
+    assert signatures(f) == 1
+    alive = weakref.ref(f._cache)
+    del f
+    gc.collect()
+    assert alive() is None  # JAX holds the registration weakly

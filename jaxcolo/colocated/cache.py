@@ -16,12 +16,18 @@ dispatch): when several threads miss on the same signature at once, one
 creates the entry and the others wait and share its value or its error.  A
 failed creation is forgotten once its waiters have the error, so a later call
 retries.
+
+Every cache is registered (weakly) with JAX's cache management, so
+``jax.clear_caches()`` empties it, as it does the caches of JAX's own
+colocated functions; the next call of a signature specialises it again.
 """
 
 from __future__ import annotations
 
 import threading
 from typing import Any, Callable, Sequence
+
+from jax.extend.backend import register_backend_cache
 
 
 def fast_key(treedef, leaves: Sequence[Any]):
@@ -58,6 +64,7 @@ class SignatureCache:
         self._slow: dict = {}
         self._lock = threading.Lock()
         self.misses = 0  # entries created (for tests and stats)
+        register_backend_cache(self, "jaxcolo colocated specialisations")
 
     def get_fast(self, key):
         flight = self._fast.get(key)
@@ -117,3 +124,9 @@ class SignatureCache:
         with self._lock:
             self._fast.clear()
             self._slow.clear()
+
+    cache_clear = clear  # what jax.clear_caches() calls
+
+    def cache_keys(self) -> list:
+        with self._lock:
+            return list(self._slow)
