@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import operator
 
 from jaxcolo.errors import EncodeError
 
@@ -135,12 +136,22 @@ def known_versions() -> tuple[int, ...]:
     return _KNOWN
 
 
+def integer(value, what: str) -> int:
+    """``value`` as an int if it is an integer (numpy's included, as JAX
+    takes them); TypeError for bools and anything else."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{what} must be an int, got {value!r}")
+
+
 def check_writable(version: int | None) -> int:
     """The version to write for ``serialize(..., version=version)``."""
     if version is None:
         return SCHEMA_VERSION
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise TypeError(f"version must be an int, got {version!r}")
+    version = integer(version, "version")
     if not MIN_READABLE_VERSION <= version <= SCHEMA_VERSION:
         raise EncodeError(
             f"cannot write version {version}: this jaxcolo writes versions "

@@ -86,6 +86,25 @@ def test_unwritable_versions(poly_exp, version):
         je.serialize(poly_exp, version=version)
 
 
+def test_numpy_integers_are_versions_and_vjp_orders(poly_exp):
+    """JAX takes numpy integers for vjp_order; jaxcolo refused them (and
+    numpy versions) with an EncodeError/TypeError.  Bools stay refused."""
+    data = je.serialize(poly_exp, vjp_order=np.int64(1), version=np.int32(9))
+    back = je.deserialize(data)
+    assert back.has_vjp() and not back.vjp().has_vjp()
+    assert je.serialize(poly_exp, version=np.int64(9)) == \
+        je.serialize(poly_exp, version=9)
+    spec = jax.ShapeDtypeStruct((2,), np.float32)
+    assert jaxcolo.serialize(spec, version=np.int64(1)) == \
+        jaxcolo.serialize(spec, version=1)
+    with pytest.raises(jaxcolo.EncodeError, match=r"got True"):
+        je.serialize(poly_exp, vjp_order=True)
+    with pytest.raises(jaxcolo.EncodeError, match=r"got 1\.0"):
+        je.serialize(poly_exp, vjp_order=1.0)
+    with pytest.raises(TypeError, match="version must be an int"):
+        jaxcolo.serialize(spec, version=True)
+
+
 def test_encode_errors_name_the_field():
     exp = je.deserialize(_golden("0.10.2", "namedtuple_custom"))
     with pytest.raises(jaxcolo.EncodeError,

@@ -28,6 +28,7 @@ from jax._src.export import _export as jexport
 import jaxcolo_jax_export_fb as fb
 from jaxcolo.errors import EncodeError
 from jaxcolo.export import versions
+from jaxcolo.versions import integer
 from jaxcolo.export.avals import encode_aval
 from jaxcolo.export.effects import encode_check, encode_effect
 from jaxcolo.export.pytrees import encode_tree
@@ -50,10 +51,14 @@ def serialize(exp, vjp_order: int = 0, version: int | None = None
     express.
     """
     row = versions.check_writable(version)
-    if not isinstance(vjp_order, int) or isinstance(vjp_order, bool) or \
-            not 0 <= vjp_order <= MAX_VJP_ORDER:
+    try:
+        order = integer(vjp_order, "vjp_order")
+    except TypeError:
+        order = -1
+    if not 0 <= order <= MAX_VJP_ORDER:
         raise EncodeError(f"vjp_order must be an int in 0..{MAX_VJP_ORDER}, "
                           f"got {vjp_order!r}")
+    vjp_order = order
     builder = ExportBuilder()
     try:
         builder.Finish(_exported(builder, exp, vjp_order, row, "$"))

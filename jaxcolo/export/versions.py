@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxcolo.errors import EncodeError
+from jaxcolo.versions import integer
 
 MIN_VERSION = 2
 DEFAULT_VERSION = 11     # what jax 0.10.2 writes
@@ -124,8 +125,7 @@ def check_writable(version: int | None) -> ExportVersion:
     """The table row for ``serialize(..., version=version)``."""
     if version is None:
         return _BY_VERSION[DEFAULT_VERSION]
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise TypeError(f"version must be an int, got {version!r}")
+    version = integer(version, "version")
     row = _BY_VERSION.get(version)
     if row is None:
         raise EncodeError(
