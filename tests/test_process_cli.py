@@ -63,6 +63,7 @@ def keyfile(tmp_path):
     # failing 1 in 256 random keys).
     path = tmp_path / "key"
     path.write_bytes(os.urandom(31) + b"\n")
+    path.chmod(0o600)
     return path
 
 
@@ -76,6 +77,45 @@ def test_authkey_file_is_read_verbatim(keyfile, tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(SystemExit, match="empty"):
         read_authkey(str(empty))
+
+
+def test_authkey_file_checks(keyfile, tmp_path, capsys):
+    """A key file other users can read is warned about (whoever reads it
+    can run code in the worker); an endless or huge one is refused (it was
+    read whole: --authkey-file /dev/zero ended in a MemoryError)."""
+    from jaxcolo.process.runtime import MAX_AUTHKEY, read_authkey
+    read_authkey(str(keyfile))
+    assert capsys.readouterr().err == ""
+    keyfile.chmod(0o644)
+    assert read_authkey(str(keyfile)) == keyfile.read_bytes()
+    assert "accessible by other users (mode 644)" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="longer than 65536 bytes"):
+        read_authkey("/dev/zero")
+    huge = tmp_path / "huge"
+    huge.write_bytes(b"k" * (MAX_AUTHKEY + 1))
+    huge.chmod(0o600)
+    with pytest.raises(SystemExit, match="longer than"):
+        read_authkey(str(huge))
+
+
+def test_authkey_must_be_bytes():
+    """A str key failed after connecting, blamed on the peer ('does not
+    speak the jaxcolo handshake')."""
+    for key in ("secret", bytearray(b"secret")):
+        with pytest.raises(TypeError, match="authkey must be bytes"):
+            jaxcolo.ProcessExecutor(addresses=["127.0.0.1:1"], authkey=key)
+
+
+def test_bad_ready_fd_is_a_one_line_error(keyfile):
+    """--ready-fd naming no open file ended in an OSError traceback after
+    JAX had started."""
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxcolo.cli", "worker", "--authkey-file",
+         str(keyfile), "--ready-fd", "987"], capture_output=True, text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert "--ready-fd 987: not an open file" in out.stderr
 
 
 def test_worker_command_serves_controllers_one_after_another(keyfile):

@@ -429,3 +429,28 @@ def test_segment_pool_frees_idle_pages_past_retain():
         pool.close()
     with pytest.raises(ValueError, match="retain"):
         blobs.SegmentPool("t", retain=-5)
+
+
+def test_removing_a_process_segments_skips_what_is_not_its_file():
+    """/dev/shm is writable by every local user: a directory planted under
+    a worker's segment prefix made the removal raise IsADirectoryError,
+    killing the thread that makes an orphaned worker exit and making
+    ProcessExecutor.close() raise."""
+    from jaxcolo.transport import blobs
+    if not blobs.available():
+        pytest.skip("no /dev/shm")
+    pid = 4000000 + os.getpid() % 100000  # no such process
+    planted = os.path.join(blobs.SHM_DIR, f"jaxcolo-{pid}-planted")
+    segment = os.path.join(blobs.SHM_DIR, f"jaxcolo-{pid}-abc-c0-1")
+    os.mkdir(planted)
+    try:
+        with open(segment, "wb") as f:
+            f.write(b"x")
+        blobs.unlink_process_segments(pid)
+        assert not os.path.exists(segment)
+        assert os.path.isdir(planted)
+        blobs.unlink(os.path.basename(planted))  # no error either
+    finally:
+        os.rmdir(planted)
+        if os.path.exists(segment):
+            os.unlink(segment)

@@ -120,6 +120,9 @@ class ProcessExecutor(HostSet, CallSending, Executor):
                              "addresses (connect to running workers)")
         if addresses is not None and not authkey:
             raise ValueError("connecting to running workers needs authkey")
+        if authkey is not None and not isinstance(authkey, bytes):
+            raise TypeError(f"authkey must be bytes, not "
+                            f"{type(authkey).__name__}")
         self._devices = list(devices if devices is not None
                              else jax.local_devices(backend="cpu"))
         self._by_id = {d.id: d for d in self._devices}

@@ -23,12 +23,14 @@ import logging
 import os
 import re
 import signal
+import stat
 import sys
 import threading
 import time
 
 log = logging.getLogger("jaxcolo.worker")
 READY = "JAXCOLO_WORKER_READY"
+MAX_AUTHKEY = 1 << 16
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,14 +73,24 @@ def read_authkey(path: str) -> bytes:
     Nothing is stripped, so a binary key ending in a newline byte stays the
     key the controller reads from the same file."""
     if path == "-":
-        data = sys.stdin.buffer.read()
+        data = sys.stdin.buffer.read(MAX_AUTHKEY + 1)
     else:
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                st = os.fstat(f.fileno())
+                if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+                    print(f"jaxcolo worker: warning: the authkey file "
+                          f"{path!r} is accessible by other users (mode "
+                          f"{stat.S_IMODE(st.st_mode):o}); anyone who reads "
+                          f"it can run code in this worker: chmod 600 it",
+                          file=sys.stderr)
+                data = f.read(MAX_AUTHKEY + 1)
         except OSError as e:
             raise SystemExit(f"jaxcolo worker: cannot read the authkey file "
                              f"{path!r}: {e.strerror or e}") from None
+    if len(data) > MAX_AUTHKEY:
+        raise SystemExit(f"jaxcolo worker: the authkey is longer than "
+                         f"{MAX_AUTHKEY} bytes")
     if not data:
         raise SystemExit("jaxcolo worker: the authkey is empty")
     return data
@@ -126,6 +138,12 @@ def check_arguments(args) -> None:
             f"{args.host_index}")
     if args.local_devices is not None and args.local_devices < 1:
         bad(f"--local-devices must be >= 1, got {args.local_devices}")
+    if args.ready_fd is not None:
+        try:
+            os.fstat(args.ready_fd)
+        except (OSError, OverflowError) as e:
+            bad(f"--ready-fd {args.ready_fd}: not an open file "
+                f"({getattr(e, 'strerror', None) or e})")
     if args.shm_retain is not None and args.shm_retain < 0:
         bad(f"--shm-retain must be >= 0 (bytes), got {args.shm_retain}")
     try:

@@ -33,6 +33,7 @@ import mmap
 import os
 import queue
 import secrets
+import stat
 import threading
 import weakref
 
@@ -60,10 +61,12 @@ def available() -> bool:
 
 
 def unlink(name: str) -> None:
-    """Remove a segment file (no error if it is already gone)."""
+    """Remove a segment file (no error if it is already gone, or if it
+    cannot be removed: /dev/shm is writable by every local user, so a
+    name may be a directory or another user's file)."""
     try:
         os.unlink(os.path.join(SHM_DIR, name))
-    except FileNotFoundError:
+    except OSError:
         pass
 
 
@@ -336,8 +339,15 @@ def unlink_process_segments(pid: int) -> None:
         names = os.listdir(SHM_DIR)
     except OSError:
         return
+    uid = os.getuid()
     for name in names:
-        if name.startswith(prefix):
+        if not name.startswith(prefix):
+            continue
+        try:  # only this user's regular files: never another's, by pid reuse
+            st = os.lstat(os.path.join(SHM_DIR, name))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
             unlink(name)
 
 
