@@ -16,7 +16,7 @@ import operator
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 MIN_READABLE_VERSION = 1
 
 
@@ -80,6 +80,12 @@ HISTORY: tuple[VersionInfo, ...] = (
         # auxdata).  Readers before 8 rebuilt such a node as a plain
         # namedtuple of its children: wrong, silently.
         "namedtuple_custom_node",
+    )),
+    VersionInfo(9, 1, (
+        # MessageKind.forget and Message.forgotten: the controller tells a
+        # worker which programs will not be called again (their functions
+        # are gone), so it drops them (sessions at version >= 9 only).
+        "message_forget",
     )),
 )
 

@@ -213,6 +213,9 @@ def test_program_of_a_destroyed_instance_is_refused(executor):
     ref = sp.program(executor.payload_version)
     del obj, sp
     _collect_and_call(x)
+    keep = jaxcolo.colocated_python(lambda v: v + 0).specialize(
+        out_specs_fn=lambda v: v)
+    assert int(keep(x)) == 1  # (the call above's function is forgotten)
     before = _programs_held(executor)
     for _ in range(3):
         with pytest.raises(jaxcolo.ExecutorError, match="already destroyed"):

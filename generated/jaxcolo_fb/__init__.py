@@ -140,6 +140,7 @@ class MessageKind(object):
     stats = 10
     shutdown = 11
     resume = 12
+    forget = 13
 
 
 # Where a buffer's bytes are.
@@ -3083,8 +3084,35 @@ class Message(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # Message
+    def Forgotten(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(46))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # Message
+    def ForgottenAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(46))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # Message
+    def ForgottenLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(46))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Message
+    def ForgottenIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(46))
+        return o == 0
+
 def MessageStart(builder):
-    builder.StartObject(21)
+    builder.StartObject(22)
 
 def MessageAddKind(builder, kind):
     builder.PrependUint8Slot(0, kind, 0)
@@ -3175,6 +3203,12 @@ def MessageAddPid(builder, pid):
 
 def MessageAddText(builder, text):
     builder.PrependUOffsetTRelativeSlot(20, flatbuffers.number_types.UOffsetTFlags.py_type(text), 0)
+
+def MessageAddForgotten(builder, forgotten):
+    builder.PrependUOffsetTRelativeSlot(21, flatbuffers.number_types.UOffsetTFlags.py_type(forgotten), 0)
+
+def MessageStartForgottenVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
 
 def MessageEnd(builder):
     return builder.EndObject()

@@ -38,7 +38,7 @@ from jax._src.lib import xla_client as xc
 
 from jaxcolo.codec import spec_tree
 from jaxcolo.codec.mesh import payload_id
-from jaxcolo.colocated import specs as specs_mod
+from jaxcolo.colocated import program_lifetimes, specs as specs_mod
 from jaxcolo.colocated.body import dumps_body, types_to_carry
 from jaxcolo.colocated.cache import SignatureCache, fast_key
 from jaxcolo.colocated.executor import current_lane, get_executor
@@ -146,12 +146,12 @@ class Specialized:
         if body is None:  # one pickle for the discovery and full program
             body = self._bodies.setdefault(version, t.body(
                 version, types_to_carry(self.in_treedef)))
-        return ProgramRef.of(encode_program(
+        return program_lifetimes.hold(ProgramRef.of(encode_program(
             name=t.name, kind=t.kind, body=body, in_specs=in_specs,
             out_specs=out_specs,
             device_ids=[payload_id(d) for d in self.devices],
             method_name=t.method_name, instance_id=t.instance_id,
-            source_info=t.source_info, version=version))
+            source_info=t.source_info, version=version)))
 
     def program(self, version: int) -> ProgramRef | None:
         """The full program (out specs known) at ``version``, else None."""

@@ -27,7 +27,7 @@ from jax._src.config import default_device as _default_device
 
 from jaxcolo.codec import spec_tree
 from jaxcolo.codec.mesh import make_resolver
-from jaxcolo.colocated import specs as specs_mod
+from jaxcolo.colocated import program_lifetimes, specs as specs_mod
 from jaxcolo.colocated.body import loads_body
 from jaxcolo.colocated.executor import Executor
 from jaxcolo.colocated.program import decode_program
@@ -144,10 +144,13 @@ class InlineExecutor(Executor):
         self._closed = False
         self._stats = collections.Counter()
         self._calls = 0  # a plain int: the warm path stays cheap
+        # programs no function holds any more are forgotten at a next call
+        self._lifetimes = program_lifetimes.Subscription()
 
     def stats(self) -> dict:
-        """Counters: programs_decoded, bodies_loaded, instances_created,
-        instances_destroyed, calls, discoveries, queued."""
+        """Counters: programs_decoded, programs_forgotten, bodies_loaded,
+        instances_created, instances_destroyed, calls, discoveries, queued;
+        programs_loaded_now."""
         return dict(self._stats, calls=self._calls,
                     programs_loaded_now=len(self._programs))
 
@@ -161,7 +164,7 @@ class InlineExecutor(Executor):
              checked: bool = False) -> list:
         if self._closed:
             raise ExecutorError("InlineExecutor is closed")
-        loaded = self._programs.get(program.id) or self._load(program)
+        loaded = self._loaded(program)
         self._calls += 1
         ln = self._lanes.get(lane)
         if ln is None or not ln.pending:
@@ -172,7 +175,7 @@ class InlineExecutor(Executor):
                checked: bool = False) -> Future:
         if self._closed:
             raise ExecutorError("InlineExecutor is closed")
-        loaded = self._programs.get(program.id) or self._load(program)
+        loaded = self._loaded(program)
         self._calls += 1
         return self._enqueue(lane, self._run, loaded, args, checked)
 
@@ -180,7 +183,7 @@ class InlineExecutor(Executor):
                  lane: Hashable) -> tuple[list, bytes]:
         if self._closed:
             raise ExecutorError("InlineExecutor is closed")
-        loaded = self._programs.get(program.id) or self._load(program)
+        loaded = self._loaded(program)
         self._stats["discoveries"] += 1
         ln = self._lanes.get(lane)
         if ln is None or not ln.pending:
@@ -215,9 +218,28 @@ class InlineExecutor(Executor):
             self._programs.clear()
             self._instance_programs.clear()
             self._bodies.clear()
+        self._lifetimes.close()
         del instances  # host instances are destroyed here
 
     # ------------------------------------------------------------- loading
+    def _loaded(self, program) -> _Loaded:
+        if self._lifetimes.pending():
+            ids = self._lifetimes.take()
+            if ids:
+                self.forget(ids)
+        return self._programs.get(program.id) or self._load(program)
+
+    def forget(self, program_ids) -> None:
+        """Drop what was loaded for these programs (decoded specs, loaded
+        bodies); a later call of one of them loads it again.  Calls running
+        it are not affected; host instances live on (a method program is
+        loaded again at the instance's next call)."""
+        with self._lock:
+            for pid in program_ids:
+                if self._programs.pop(pid, None) is not None:
+                    self._stats["programs_forgotten"] += 1
+                self._bodies.pop(pid, None)
+
     def _load(self, program) -> _Loaded:
         loaded = decode_program(program.payload, self._resolver)
         entry = _Loaded(loaded)

@@ -53,10 +53,12 @@ from typing import Hashable, Sequence
 import jax
 
 from jaxcolo.colocated.executor import Executor
-from jaxcolo.colocated.program import decode_program
+from jaxcolo.colocated import program_lifetimes
+from jaxcolo.colocated.program import ProgramRef, decode_program
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process import messages, remote_errors
 from jaxcolo.process.deadlines import Deadlines, check_timeout
+from jaxcolo.process.forgetting import ProgramForgetting
 from jaxcolo.process.hosts import controller_hello
 from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
@@ -82,7 +84,7 @@ def _seconds(value, what: str) -> float:
     return float(value)
 
 
-class ProcessExecutor(HostSet, CallSending, Executor):
+class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
     """Runs colocated programs in worker processes (see module docstring).
 
     ``num_hosts``: start this many local workers, each owning an equal
@@ -162,6 +164,8 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         self._closed = False
         self._ids = itertools.count(1)
         self._plans: dict = {}
+        # programs no function holds any more are forgotten at a next call
+        self._lifetimes = program_lifetimes.Subscription()
         self._instance_plans: dict = {}    # instance id -> program ids
         self._destroyed: set = set()       # instance ids sent a destroy
         self._pending: dict = {}           # call id -> (Call, host, link)
@@ -234,7 +238,9 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         prog = decode_program(program.payload, owned)
         with self._lock:
             self._stats["programs_decoded"] += 1
-        plan = Plan(program, prog, self._owner)
+        # (a copy: the caller's ProgramRef is counted while it lives)
+        plan = Plan(ProgramRef(program.id, program.payload), prog,
+                    self._owner)
         with self._lock:
             if plan.instance_id in self._destroyed:
                 return plan  # its calls fail; never held again
@@ -364,6 +370,8 @@ class ProcessExecutor(HostSet, CallSending, Executor):
                checked: bool = False, sync: bool = False) -> Call:
         if self._closed:
             raise ExecutorError("ProcessExecutor is closed")
+        if self._lifetimes.pending():
+            self._forget_unheld()
         plan = self._plans.get(program.id) or self._plan(program)
         if not checked:  # shards are raw bytes: never reinterpret them
             plan.check_args(args)
@@ -375,6 +383,7 @@ class ProcessExecutor(HostSet, CallSending, Executor):
         limit = None if timeout is None else (started + timeout, stated)
         lane_id = self._lane(lane)
         call = Call(plan, discover, remote_errors.exception_from_reply)
+        call.program = program
         if len(plan.hosts) > 1:  # (Future's own method: inline, any thread;
             settle = lifetime.weak(self._check_settled)  # no cycle through
             ref = weakref.ref(call)                      # the call)
@@ -483,5 +492,6 @@ class ProcessExecutor(HostSet, CallSending, Executor):
             self._remove_socket_dir()
         token, self._sigint = getattr(self, "_sigint", None), None
         interrupts.uninstall(token)
+        self._lifetimes.close()
         self._ready.set()
 

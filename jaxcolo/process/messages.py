@@ -86,6 +86,7 @@ class Message:
     heartbeat_ms: int = 0
     pid: int = 0
     text: str | None = None
+    forgotten: list = dataclasses.field(default_factory=list)  # program ids
     # the inflation budget of this message's decode (envelope.Inflation):
     # the payloads nested in it (a program, specs) decoded later share it
     inflation: object = dataclasses.field(default=None, compare=False,
@@ -148,9 +149,16 @@ def encode(m: Message, version: int | None = None) -> bytes:
 def _encode(m: Message, version: int | None = None) -> bytes:
     version = versions.check_writable(version)
     since = versions.require("message", version, "$")
-    if m.kind == MessageKind.resume:
-        since = max(since, versions.require("message_resume", version,
-                                            "$.kind"))
+    feature = _KIND_FEATURES.get(m.kind)
+    if feature is not None:
+        since = max(since, versions.require(feature, version, "$.kind"))
+    if m.forgotten:
+        since = max(since, versions.require("message_forget", version,
+                                            "$.forgotten"))
+        if any(type(p) is not bytes or len(p) != PROGRAM_ID_SIZE
+               for p in m.forgotten):
+            raise EncodeError(f"forgotten: program ids are "
+                              f"{PROGRAM_ID_SIZE} bytes each", "$.forgotten")
     for field, nested in (("program", m.program), ("specs", m.specs)):
         if nested is not None:  # readers of the message read these too
             since = max(since, envelope.nested_min_reader(
@@ -184,6 +192,9 @@ def _encode(m: Message, version: int | None = None) -> bytes:
             np.asarray(list(m.stats.values()), np.int64))
     if m.token is not None:
         offs[fb.MessageAddToken] = b.CreateByteVector(m.token)
+    if m.forgotten:
+        offs[fb.MessageAddForgotten] = b.CreateByteVector(
+            b"".join(m.forgotten))
     fb.MessageStart(b)
     fb.MessageAddKind(b, m.kind)
     if m.call_id:
@@ -270,7 +281,9 @@ _SEGMENT_NAME = re.compile(r"jaxcolo-[0-9A-Za-z_-]{1,200}")
 MAX_SEGMENT = 1 << 46
 
 
-_RESUME_SINCE = versions.FEATURE_SINCE["message_resume"]
+# Message kinds newer than messages themselves: the feature each needs.
+_KIND_FEATURES = {MessageKind.resume: "message_resume",
+                  MessageKind.forget: "message_forget"}
 
 
 def decode(data, reader_version: int | None = None) -> Message:
@@ -303,12 +316,16 @@ def _decode(data, reader_version: int | None = None) -> Message:
         m.inflation = envelope.current_inflation()
         return m
     m = _decode_body(body)
-    if m.kind == MessageKind.resume and \
-            header.min_reader_version < _RESUME_SINCE:
+    feature = _KIND_FEATURES.get(m.kind)
+    if m.forgotten:
+        feature = "message_forget"
+    if feature is not None and \
+            header.min_reader_version < versions.FEATURE_SINCE[feature]:
         raise PayloadError(
-            f"message_resume needs reader version >= {_RESUME_SINCE}, but "
-            f"the header declares min_reader_version "
-            f"{header.min_reader_version}", "$.header.min_reader_version")
+            f"{feature} needs reader version >= "
+            f"{versions.FEATURE_SINCE[feature]}, but the header declares "
+            f"min_reader_version {header.min_reader_version}",
+            "$.header.min_reader_version")
     for field, nested in (("program", m.program), ("specs", m.specs)):
         if nested is not None:
             envelope.check_nested_declared(nested, header, f"$.{field}")
@@ -356,6 +373,14 @@ def _decode_body(body) -> Message:
     m.heartbeat_ms = root.scalar(L.heartbeat_ms, "u32", 0, "$", "heartbeat_ms")
     m.pid = root.scalar(L.pid, "u32", 0, "$", "pid")
     m.text = root.string(L.text, "$", "text")
+    ids = root.bytes(L.forgotten, "$", "forgotten")
+    if ids:
+        if len(ids) % PROGRAM_ID_SIZE:
+            raise PayloadError(f"{len(ids)} bytes, not a whole number of "
+                               f"{PROGRAM_ID_SIZE}-byte program ids",
+                               "$.forgotten")
+        m.forgotten = [bytes(ids[i:i + PROGRAM_ID_SIZE])
+                       for i in range(0, len(ids), PROGRAM_ID_SIZE)]
     return m
 
 
@@ -387,6 +412,8 @@ def inspect_message(data, header) -> dict:
     for field in ("segments", "released"):
         if getattr(m, field):
             out[field] = len(getattr(m, field))
+    if m.forgotten:
+        out["forgotten"] = [p.hex() for p in m.forgotten]
     if m.specs is not None:
         out["specs_size"] = len(m.specs)
     for field in ("error_type", "error_message", "text"):

@@ -58,6 +58,7 @@ class ProgramTable:
         self._stats = stats  # the session's: registered, programs_decoded
         stats.setdefault("registered", 0)
         stats.setdefault("programs_decoded", 0)
+        stats.setdefault("programs_forgotten", 0)
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -92,6 +93,13 @@ class ProgramTable:
             if entry.error is not None:
                 raise entry.error
         return entry
+
+    def forget(self, program_ids) -> None:
+        """Drop programs the controller will not call again (unknown ids
+        are ignored; one registered again is decoded again)."""
+        for pid in program_ids:
+            if self._programs.pop(pid, None) is not None:
+                self._stats["programs_forgotten"] += 1
 
     def drop_instance(self, instance_id: int) -> None:
         """Forget the method programs of a destroyed instance."""

@@ -146,6 +146,7 @@ class Call:
                  "_remaining", "_lock", "_make_error", "_assembling", "held",
                  "abandoned", "sending", "sent_parts", "watched",
                  "send_broken", "timed_out", "settled", "_when_settled",
+                 "program",
                  "_settle_lock", "__weakref__")
 
     def __init__(self, plan: Plan, discover: bool, make_error):
@@ -164,6 +165,8 @@ class Call:
         # hold their next multi-host calls until resumed (the executor's)
         self.held: list = []
         self.abandoned = False  # its stragglers were lost: never resume
+        # the caller's ProgramRef: counted alive (not forgotten) meanwhile
+        self.program = None
         self.sending = False    # the executor is still sending its parts
         self.sent_parts = 0     # parts that went out
         self.watched = False    # a straggler check is scheduled

@@ -256,6 +256,9 @@ class Session:
         elif kind == K.release:
             if self._pool is not None:
                 self._pool.release(m.released)
+        elif kind == K.forget:  # their functions are gone on the controller
+            self._programs.forget(m.forgotten)
+            self._inline.forget(m.forgotten)
         elif kind == K.destroy:
             self._lanes.submit(m.lane, lambda iid=m.instance_id, lane=m.lane:
                                self._destroy_instance(iid, lane))

@@ -1,0 +1,93 @@
+"""Which programs are still wanted, so executors can forget the others.
+
+A colocated function's specialisations hold their programs
+(:class:`~jaxcolo.colocated.program.ProgramRef`), and so does a call in
+flight.  Executors keep what they derive from a program (its decoded specs,
+its loaded body with whatever the body captured) under the program's content
+id.  Once no ProgramRef of an id is alive any more -- the function was
+dropped, or ``jax.clear_caches()`` dropped its specialisations -- nothing
+can call that program again, and each executor forgets it at its next call.
+Payloads are content-addressed, so two functions may hold the same id: it
+is forgotten when the last one goes, and an id that comes back (an equal
+function made later) is simply registered again.
+
+:func:`hold` counts a ProgramRef while it lives.  Its finalizer only
+appends the id to a queue (it may run in any thread, at any allocation,
+even inside this module's own critical section); the counting happens in
+:meth:`Subscription.take`, under the lock, called by executors where they
+choose.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+
+_LOCK = threading.Lock()
+_LIVE: dict[bytes, int] = {}      # program id -> ProgramRefs alive
+_DIED: collections.deque = collections.deque()  # ids of refs collected
+_SUBSCRIBERS: "weakref.WeakSet[Subscription]" = weakref.WeakSet()
+
+
+def hold(ref):
+    """Count ``ref`` (a ProgramRef) until it is collected; returns it."""
+    with _LOCK:
+        _LIVE[ref.id] = _LIVE.get(ref.id, 0) + 1
+    weakref.finalize(ref, _DIED.append, ref.id)
+    return ref
+
+
+def is_live(program_id: bytes) -> bool:
+    return program_id in _LIVE
+
+
+def _count_deaths() -> None:
+    """(Under _LOCK.)  Apply the queued deaths; an id whose last ref died
+    goes to every subscriber."""
+    while _DIED:
+        pid = _DIED.popleft()
+        n = _LIVE.get(pid, 0) - 1
+        if n > 0:
+            _LIVE[pid] = n
+            continue
+        _LIVE.pop(pid, None)
+        for sub in list(_SUBSCRIBERS):
+            sub._gone.append(pid)
+
+
+class Subscription:
+    """An executor's view: the ids nothing holds any more, once each."""
+
+    __slots__ = ("_gone", "__weakref__")
+
+    def __init__(self):
+        self._gone: collections.deque = collections.deque()
+        with _LOCK:
+            _SUBSCRIBERS.add(self)
+
+    def pending(self) -> bool:
+        """Cheap check (no lock): may ``take`` return something?"""
+        return bool(_DIED or self._gone)
+
+    def take(self, apply=None) -> list:
+        """The ids to forget now: no ref of them is alive (ids alive again
+        are left out).  ``apply(ids)``, if given, runs under the lock, so a
+        ProgramRef made meanwhile is counted either before the decision
+        (its id is kept) or after ``apply`` (it sees the id forgotten)."""
+        with _LOCK:
+            _count_deaths()
+            ids = []
+            while self._gone:
+                pid = self._gone.popleft()
+                if pid not in _LIVE:
+                    ids.append(pid)
+            if ids and apply is not None:
+                apply(ids)
+        return ids
+
+    def close(self) -> None:
+        """Stop collecting ids (a closed executor)."""
+        with _LOCK:
+            _SUBSCRIBERS.discard(self)
+            self._gone.clear()

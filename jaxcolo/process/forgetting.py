@@ -1,0 +1,60 @@
+"""ProcessExecutor: forgetting the programs no function holds any more.
+
+A program's plan (controller) and registration (each worker) stay while some
+:class:`~jaxcolo.colocated.program.ProgramRef` of it lives (see
+:mod:`jaxcolo.colocated.program_lifetimes`); at the executor's next call
+after the last one is gone, the plan is dropped and each worker whose
+session is at version 9 or later gets a ``forget`` message, so it drops the
+decoded program and its loaded body (and whatever the body captured).
+Workers of older sessions keep them until the session ends.
+"""
+
+from __future__ import annotations
+
+from jaxcolo import versions
+from jaxcolo.errors import ExecutorError
+from jaxcolo.process import messages
+
+FORGET_SINCE = versions.FEATURE_SINCE["message_forget"]
+
+
+class ProgramForgetting:
+    """Mixin of ProcessExecutor (``_links``, ``_lock``, ``_plans``,
+    ``_lifetimes``)."""
+
+    def _forget_unheld(self) -> None:
+        """Forget the programs no ProgramRef holds any more: their plans
+        here, and their registrations on hosts whose session knows the
+        ``forget`` message (v9).  Each host's register lock is held from
+        the decision until its ``forget`` is sent, so a program made again
+        meanwhile is registered again after it, never before.  Skipped
+        (tried at a later call) while another thread registers."""
+        links = list(self._links)
+        taken = []
+        try:
+            for link in links:
+                if not link.register_lock.acquire(blocking=False):
+                    return
+                taken.append(link.register_lock)
+            by_link: dict = {}
+
+            def apply(ids):
+                with self._lock:
+                    for pid in ids:
+                        self._plans.pop(pid, None)
+                for link in links:
+                    if link.version >= FORGET_SINCE:
+                        gone = [p for p in ids if p in link.registered]
+                        if gone:
+                            link.registered.difference_update(gone)
+                            by_link[link] = gone
+            self._lifetimes.take(apply)
+            for link, gone in by_link.items():
+                try:
+                    link.send(messages.Message(messages.MessageKind.forget,
+                                               forgotten=gone))
+                except ExecutorError:  # lost: its programs went with it
+                    pass
+        finally:
+            for lock in taken:
+                lock.release()
