@@ -38,10 +38,6 @@ def hold(ref):
     return ref
 
 
-def is_live(program_id: bytes) -> bool:
-    return program_id in _LIVE
-
-
 def _count_deaths() -> None:
     """(Under _LOCK.)  Apply the queued deaths; an id whose last ref died
     goes to every subscriber."""
