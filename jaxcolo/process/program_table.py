@@ -58,7 +58,7 @@ class ProgramTable:
         self._stats = stats  # the session's: registered, programs_decoded
         stats.setdefault("registered", 0)
         stats.setdefault("programs_decoded", 0)
-        stats.setdefault("programs_forgotten", 0)
+        stats.setdefault("unregistered", 0)
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -99,7 +99,7 @@ class ProgramTable:
         are ignored; one registered again is decoded again)."""
         for pid in program_ids:
             if self._programs.pop(pid, None) is not None:
-                self._stats["programs_forgotten"] += 1
+                self._stats["unregistered"] += 1
 
     def drop_instance(self, instance_id: int) -> None:
         """Forget the method programs of a destroyed instance."""
