@@ -374,3 +374,28 @@ def test_init_errors_reach_the_caller(executor):
     b = Broken()
     with pytest.raises(KeyError, match="no init"):
         b.f(put(1, cpu_devices()[0]))
+
+
+def test_destroyed_instance_ids_are_remembered_within_a_bound(executor):
+    """Executors remembered every destroyed instance id for their life (a
+    set growing by one per instance made and dropped in a loop); they keep
+    the newest ones, and a refused call of the newest still fails."""
+    from jaxcolo.colocated.recent import MAX_REMEMBERED, RecentSet
+    assert isinstance(executor._destroyed, RecentSet)
+    assert executor._destroyed.maxlen == MAX_REMEMBERED
+    small = RecentSet(4)
+    small.update(range(10))
+    assert len(small) == 4 and 9 in small and 5 not in small
+    small.add(6)  # re-added: the newest again
+    small.add(10)
+    assert 6 in small and 7 not in small
+    Object = _object_class()
+    x = put(1, cpu_devices()[0])
+    before = len(executor._destroyed)
+    for _ in range(3):
+        obj = Object()
+        assert int(obj.echo(x)) == 1
+        del obj
+        gc.collect()
+    _collect_and_call(x)
+    assert len(executor._destroyed) >= before + 3  # (and earlier tests')

@@ -31,6 +31,7 @@ from jaxcolo.colocated import program_lifetimes, specs as specs_mod
 from jaxcolo.colocated.body import loads_body
 from jaxcolo.colocated.executor import Executor
 from jaxcolo.colocated.program import decode_program
+from jaxcolo.colocated.recent import RecentSet
 from jaxcolo.errors import ExecutorError, PayloadError
 
 
@@ -136,7 +137,7 @@ class InlineExecutor(Executor):
         self._programs: dict[bytes, _Loaded] = {}
         self._bodies: dict[bytes, object] = {}
         self._instances: dict[int, _Instance] = {}
-        self._destroyed: set[int] = set()
+        self._destroyed = RecentSet()  # instance ids (the newest)
         self._queued_methods: dict[int, int] = {}  # instance id -> calls
         self._instance_programs: dict[int, list] = {}  # id -> program ids
         self._destroy_after: set[int] = set()

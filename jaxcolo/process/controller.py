@@ -55,6 +55,7 @@ import jax
 from jaxcolo.colocated.executor import Executor
 from jaxcolo.colocated import program_lifetimes
 from jaxcolo.colocated.program import ProgramRef, decode_program
+from jaxcolo.colocated.recent import RecentSet
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process import messages, remote_errors
 from jaxcolo.process.deadlines import Deadlines, check_timeout
@@ -167,7 +168,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         # programs no function holds any more are forgotten at a next call
         self._lifetimes = program_lifetimes.Subscription()
         self._instance_plans: dict = {}    # instance id -> program ids
-        self._destroyed: set = set()       # instance ids sent a destroy
+        self._destroyed = RecentSet()      # instance ids sent a destroy
         self._pending: dict = {}           # call id -> (Call, host, link)
         self._instances: dict = {}         # instance id -> set of hosts
         self._lost_instances: dict = {}    # instance id -> reason
