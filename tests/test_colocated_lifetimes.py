@@ -9,7 +9,10 @@ function (specialisation) and no call in flight holds it.
 """
 
 import gc
+import os
+import signal
 import threading
+import time
 
 import jax
 import numpy as np
@@ -184,3 +187,255 @@ def test_malformed_forget_messages_are_payload_errors():
     with pytest.raises(jaxcolo.EncodeError, match="needs schema version 9"):
         msg.encode(msg.Message(msg.MessageKind.forget,
                                forgotten=[b"x" * 16]), 8)
+
+
+# ---------------------------------------------------------------------------
+# Found by a review of the above: clears racing specialisation, pinned
+# specialisations, queued calls, busy hosts, idle executors, instances.
+
+_GATE = threading.Event()
+
+
+def _wait_for_gate(a):
+    _GATE.wait(30)
+    return a
+
+
+def _sleepy(a, seconds=0.8):
+    time.sleep(seconds)
+    return a
+
+
+def _slow_failing_out_specs(a):
+    time.sleep(0.5)
+    raise RuntimeError("out_specs_fn failed")
+
+
+def test_clear_caches_while_a_specialisation_fails():
+    """The failing creator got a KeyError (the clear had removed its
+    entry) and a thread waiting for the same signature hung for ever."""
+    f = jaxcolo.colocated_python(lambda a: a).specialize(
+        out_specs_fn=_slow_failing_out_specs)
+    x = put(np.float32(1), cpu_devices()[0])
+    got = {}
+
+    def call(name):
+        try:
+            f(x)
+            got[name] = "ok"
+        except Exception as e:  # noqa: BLE001 - compared below
+            got[name] = repr(e)
+    owner = threading.Thread(target=call, args=("owner",), daemon=True)
+    owner.start()
+    time.sleep(0.1)
+    waiter = threading.Thread(target=call, args=("waiter",), daemon=True)
+    waiter.start()
+    time.sleep(0.1)
+    jax.clear_caches()
+    owner.join(10)
+    waiter.join(10)
+    assert got == {"owner": "RuntimeError('out_specs_fn failed')",
+                   "waiter": "RuntimeError('out_specs_fn failed')"}, got
+
+
+def test_clear_caches_while_other_threads_make_functions():
+    """One JAX registration per function: JAX iterates its registry
+    without a lock, so a clear raised 'dictionary changed size during
+    iteration' while another thread made colocated functions."""
+    stop = threading.Event()
+    errors = []
+
+    def make():
+        while not stop.is_set():
+            fs = [jaxcolo.colocated_python(lambda a: a) for _ in range(50)]
+            del fs
+
+    makers = [threading.Thread(target=make) for _ in range(2)]
+    for t in makers:
+        t.start()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                jax.clear_caches()
+            except RuntimeError as e:
+                errors.append(repr(e))
+    finally:
+        stop.set()
+        for t in makers:
+            t.join(30)
+    assert not errors, errors[:2]
+
+
+_SCALE = [10.0]
+
+
+def _scaled(a):
+    return a * _SCALE[0]
+
+
+def test_clear_caches_drops_pinned_specialisations_too():
+    """As JAX's specialized functions: a function pinned with in_specs is
+    pickled again after jax.clear_caches() (it kept its old body)."""
+    x = put(np.float32(1), cpu_devices()[0])
+    spec = jax.ShapeDtypeStruct((), np.float32)
+    free = jaxcolo.colocated_python(
+        lambda a, s=_SCALE: a * s[0]).specialize(out_specs_fn=lambda a: a)
+    pinned = jaxcolo.colocated_python(
+        lambda a, s=_SCALE: a * s[0]).specialize(
+            in_specs=((spec,), {}), out_specs_fn=lambda a: a)
+    try:
+        assert (float(free(x)), float(pinned(x))) == (10.0, 10.0)
+        _SCALE[0] = 20.0  # captured by value: seen after a re-pickle only
+        assert (float(free(x)), float(pinned(x))) == (10.0, 10.0)
+        jax.clear_caches()
+        assert (float(free(x)), float(pinned(x))) == (20.0, 20.0)
+    finally:
+        _SCALE[0] = 10.0
+
+
+def test_a_queued_inline_call_keeps_its_program():
+    """A submitted call queued behind another held only the decoded
+    program: its function dropped meanwhile, the program was forgotten and
+    the queued call then kept its loaded body (with its captures) for
+    good."""
+    x = put(np.float32(1), cpu_devices()[0])
+    ex = jaxcolo.InlineExecutor()
+    with ex, jaxcolo.use_executor(ex):
+        slow = jaxcolo.colocated_python(_wait_for_gate).specialize(
+            out_specs_fn=lambda a: a)
+        other = jaxcolo.colocated_python(lambda a: a * 2).specialize(
+            out_specs_fn=lambda a: a)
+        other(x)
+        for i in range(6):
+            f = jaxcolo.colocated_python(
+                lambda a, big=np.full(1 << 16, i, np.float32): a + big[0]
+            ).specialize(out_specs_fn=lambda a: a)
+            _GATE.clear()
+            first = slow.submit(x)  # the lane is busy
+            queued = f.submit(x)    # behind it
+            del f
+            gc.collect()
+            t = threading.Thread(target=other, args=(x,))
+            t.start()  # another thread's call: may forget f's program
+            t.join(30)
+            _GATE.set()
+            assert float(queued.result(30)) == 1 + i
+            first.result(30)
+            del queued
+        gc.collect()
+        other(x)
+        assert len(ex._bodies) <= 2, len(ex._bodies)
+        assert ex.stats()["programs_loaded_now"] <= 2
+
+
+def test_a_call_queued_on_a_worker_past_its_timeout_keeps_nothing():
+    """A call that timed out here but was still queued on the worker
+    loaded its program again there after the forget, for the session."""
+    x = put(np.float32(1), cpu_devices()[0])
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, \
+            jaxcolo.use_executor(ex):
+        sleepy = jaxcolo.colocated_python(_sleepy).specialize(
+            out_specs_fn=lambda a: a)
+        other = jaxcolo.colocated_python(lambda a: a * 2).specialize(
+            out_specs_fn=lambda a: a)
+        other(x)
+        for i in range(3):
+            f = jaxcolo.colocated_python(
+                lambda a, big=np.full(1 << 16, i, np.float32): a + big[0]
+            ).specialize(out_specs_fn=lambda a: a)
+            busy = sleepy.submit(x)  # the worker's lane is busy
+            with pytest.raises(jaxcolo.ExecutorError, match="timed out"):
+                with ex.timeout(0.2):
+                    f(x)  # queued there; timed out here
+            del f
+            gc.collect()
+            other(x)  # sends the forget of f's program
+            busy.result(30)
+        time.sleep(0.3)
+        gc.collect()
+        other(x)
+        host = ex.stats()["hosts"][0]
+        assert host["programs_loaded_now"] <= 3, host
+        assert host["programs_registered_now"] <= 3, host
+
+
+def test_a_busy_host_does_not_hold_up_calls_on_others():
+    """A forget was sent with no deadline under every host's register
+    lock: with one host's connection full (a stopped worker), a call on
+    another host with a 2 s timeout waited until the stopped host was lost
+    (20 s here)."""
+    d = cpu_devices()
+    x0, x5 = put(np.float32(1), d[0]), put(np.float32(1), d[5])
+    big5 = put(np.ones(15000, np.float32), d[5])  # in the message: fills
+    with jaxcolo.ProcessExecutor(num_hosts=2, lost_timeout=20) as ex, \
+            jaxcolo.use_executor(ex):
+        ident = jaxcolo.colocated_python(lambda a: a).specialize(
+            out_specs_fn=lambda a: a)
+        g = jaxcolo.colocated_python(lambda a: a * 2).specialize(
+            out_specs_fn=lambda a: a)
+        f = jaxcolo.colocated_python(lambda a: a + 1).specialize(
+            out_specs_fn=lambda a: a)
+        g(x0), ident(big5), f(x5), f(x0)
+        stopped = ex.worker_pids()[1]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            def flood():
+                try:
+                    for _ in range(200):
+                        ident.submit(big5)
+                except jaxcolo.ExecutorError:
+                    pass
+            threading.Thread(target=flood, daemon=True).start()
+            time.sleep(1.0)
+            del f
+            gc.collect()  # forgotten at the next call, on both hosts
+            start = time.monotonic()
+            with ex.timeout(2.0):
+                assert float(g(x0)) == 2.0
+            assert time.monotonic() - start < 1.5
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+
+
+def test_an_idle_executor_collects_no_ids():
+    """Every dead program id went to every executor, also to those that
+    never loaded it and made no call since (a queue growing without end)."""
+    x = put(np.float32(1), cpu_devices()[0])
+    idle = jaxcolo.InlineExecutor()
+    busy = jaxcolo.InlineExecutor()
+    with busy, jaxcolo.use_executor(busy):
+        for i in range(50):
+            f = jaxcolo.colocated_python(lambda a, i=i: a + i).specialize(
+                out_specs_fn=lambda a: a)
+            f(x)
+            del f
+        gc.collect()
+        jaxcolo.colocated_python(lambda a: a).specialize(
+            out_specs_fn=lambda a: a)(x)
+    assert len(idle._lifetimes._gone) == 0
+    assert len(idle._lifetimes._known) == 0
+    idle.close()
+
+
+def test_an_instance_reloaded_after_forgets_lists_its_programs_once(
+        executor):
+    @jaxcolo.colocated_python_class
+    class Echo:
+        def m(self, a):
+            return a
+
+    x = put(np.float32(1), cpu_devices()[0])
+    c = Echo()
+    other = jaxcolo.colocated_python(lambda a: a).specialize(
+        out_specs_fn=lambda a: a)
+    for _ in range(5):
+        assert float(c.m(x)) == 1.0
+        jax.clear_caches()
+        gc.collect()
+        other(x)
+    iid = c._colocated_instance.id
+    lists = (executor._instance_programs
+             if isinstance(executor, jaxcolo.InlineExecutor)
+             else executor._instance_plans)
+    assert len(lists.get(iid, [])) <= 1, lists.get(iid)

@@ -25,6 +25,7 @@ colocated functions; the next call of a signature specialises it again.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable, Sequence
 
 from jax.extend.backend import register_backend_cache
@@ -64,7 +65,7 @@ class SignatureCache:
         self._slow: dict = {}
         self._lock = threading.Lock()
         self.misses = 0  # entries created (for tests and stats)
-        register_backend_cache(self, "jaxcolo colocated specialisations")
+        _ALL.add(self)
 
     def get_fast(self, key):
         flight = self._fast.get(key)
@@ -88,14 +89,16 @@ class SignatureCache:
                 value = create(skey)
             except BaseException as e:
                 flight.error = e
-                with self._lock:
-                    del self._slow[skey]
+                with self._lock:  # (a cache_clear may have dropped it, and
+                    if self._slow.get(skey) is flight:  # another flight
+                        del self._slow[skey]            # taken its place)
                 flight.done.set()
                 raise
             flight.value = value
             with self._lock:
                 self.misses += 1
-                self._point(flight, key, leaves)
+                if self._slow.get(skey) is flight:  # not cleared meanwhile
+                    self._point(flight, key, leaves)
             flight.done.set()
             return value
         flight.done.wait()
@@ -103,7 +106,8 @@ class SignatureCache:
             raise flight.error
         if key is not None and flight.fast != key:
             with self._lock:
-                self._point(flight, key, leaves)
+                if self._slow.get(skey) is flight:
+                    self._point(flight, key, leaves)
         return flight.value
 
     def _point(self, flight: _Flight, key, leaves) -> None:
@@ -120,13 +124,48 @@ class SignatureCache:
             return [f.value for f in self._slow.values()
                     if f.value is not None]
 
+    on_clear = None  # also emptied by clear() (e.g. pinned specialisations)
+
     def clear(self) -> None:
         with self._lock:
             self._fast.clear()
             self._slow.clear()
+        if self.on_clear is not None:
+            self.on_clear()
 
     cache_clear = clear  # what jax.clear_caches() calls
 
     def cache_keys(self) -> list:
         with self._lock:
             return list(self._slow)
+
+
+class _AllCaches:
+    """Every SignatureCache, registered with JAX as one cache: JAX's own
+    registry is a WeakKeyDictionary that ``jax.clear_caches()`` iterates
+    without a lock, so one registration per function made it raise
+    "dictionary changed size during iteration" whenever another thread
+    made a colocated function meanwhile."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._caches: "weakref.WeakSet[SignatureCache]" = weakref.WeakSet()
+
+    def add(self, cache: SignatureCache) -> None:
+        with self._lock:
+            self._caches.add(cache)
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            caches = list(self._caches)
+        for cache in caches:
+            cache.clear()
+
+    def cache_keys(self) -> list:
+        with self._lock:
+            caches = list(self._caches)
+        return [k for c in caches for k in c.cache_keys()]
+
+
+_ALL = _AllCaches()
+register_backend_cache(_ALL, "jaxcolo colocated specialisations")

@@ -270,6 +270,8 @@ class ColocatedFunction:
         self._specialization = specialization
         self._cache = SignatureCache()
         self._pinned = {}  # in_specs with shardings filled -> Specialized
+        # jax.clear_caches() drops these too, as JAX's specialized_functions
+        self._cache.on_clear = self._pinned.clear
         self._pinned_lock = threading.Lock()
         functools.update_wrapper(self, target.fn, updated=())
 

@@ -127,10 +127,13 @@ class InlineExecutor(Executor):
 
     ``devices``: the devices this executor hosts (default: every device of
     this process).  Program and captured device ids resolve against them; an
-    id outside them is a PayloadError naming the id.
+    id outside them is a PayloadError naming the id.  ``keep(program_id)``:
+    may what is loaded for a program be kept (a worker: is it still
+    registered)?  None: always.
     """
 
-    def __init__(self, devices=None):
+    def __init__(self, devices=None, keep=None):
+        self._keep = keep
         self._resolver = make_resolver(
             None if devices is None else {d.id: d for d in devices})
         self._lock = threading.RLock()  # RLock: destroy may run from GC
@@ -170,15 +173,17 @@ class InlineExecutor(Executor):
         ln = self._lanes.get(lane)
         if ln is None or not ln.pending:
             return self._run(loaded, args, checked)
-        return self._enqueue(lane, self._run, loaded, args, checked).result()
+        return self._enqueue(lane, self._run, loaded, args, checked,
+                             program=program).result()
 
     def submit(self, program, args: Sequence, *, lane: Hashable,
                checked: bool = False) -> Future:
         if self._closed:
             raise ExecutorError("InlineExecutor is closed")
         loaded = self._loaded(program)
-        self._calls += 1
-        return self._enqueue(lane, self._run, loaded, args, checked)
+        self._calls += 1  # (the queued call holds its ProgramRef: counted
+        return self._enqueue(lane, self._run, loaded, args, checked,  # alive)
+                             program=program)
 
     def discover(self, program, args: Sequence, *,
                  lane: Hashable) -> tuple[list, bytes]:
@@ -189,7 +194,8 @@ class InlineExecutor(Executor):
         ln = self._lanes.get(lane)
         if ln is None or not ln.pending:
             return self._discover(loaded, args)
-        return self._enqueue(lane, self._discover, loaded, args).result()
+        return self._enqueue(lane, self._discover, loaded, args,
+                             program=program).result()
 
     def destroy_instance(self, instance_id: int, *, lane: Hashable) -> None:
         """Destroy the instance once no queued call of it is left, in any
@@ -240,6 +246,7 @@ class InlineExecutor(Executor):
                 if self._programs.pop(pid, None) is not None:
                     self._stats["programs_forgotten"] += 1
                 self._bodies.pop(pid, None)
+        self._lifetimes.unnote(program_ids)
 
     def _load(self, program) -> _Loaded:
         loaded = decode_program(program.payload, self._resolver)
@@ -248,15 +255,20 @@ class InlineExecutor(Executor):
         # (and one for output discovery): closure state is not shared
         # between a function's specialisations.
         entry.body_key = program.id
+        self._lifetimes.note(program.id)
         with self._lock:
             self._stats["programs_decoded"] += 1
             if loaded.kind == "method" and \
                     loaded.instance_id in self._destroyed:
                 return entry  # its calls fail; never held again
+            if self._keep is not None and not self._keep(program.id):
+                return entry  # forgotten already (a call queued before)
             held = self._programs.setdefault(program.id, entry)
             if held is entry and loaded.kind == "method":  # goes with it
-                self._instance_programs.setdefault(
-                    loaded.instance_id, []).append(program.id)
+                ids = self._instance_programs.setdefault(
+                    loaded.instance_id, [])
+                if program.id not in ids:  # (loaded again after a forget)
+                    ids.append(program.id)
             return held
 
     def _function(self, loaded: _Loaded):
@@ -272,7 +284,10 @@ class InlineExecutor(Executor):
                     fn = self._bodies.get(loaded.body_key)
                     if fn is None:
                         fn = self._load_body(prog)
-                        self._bodies.setdefault(loaded.body_key, fn)
+                        with self._lock:  # not if forgotten meanwhile
+                            if self._programs.get(loaded.body_key) is loaded:
+                                fn = self._bodies.setdefault(
+                                    loaded.body_key, fn)
                     loaded.fn = fn
         return fn
 
@@ -380,7 +395,8 @@ class InlineExecutor(Executor):
         return leaves, payload
 
     # --------------------------------------------------------------- lanes
-    def _enqueue(self, lane: Hashable, fn, loaded: _Loaded, *args) -> Future:
+    def _enqueue(self, lane: Hashable, fn, loaded: _Loaded, *args,
+                 program=None) -> Future:
         fut = Future()
         iid = loaded.program.instance_id if \
             loaded.program.kind == "method" else 0
@@ -390,7 +406,7 @@ class InlineExecutor(Executor):
             ln = self._lanes.get(lane)
             if ln is None:
                 ln = self._lanes[lane] = _Lane()
-            ln.queue.append((fut, fn, (loaded, *args), iid))
+            ln.queue.append((fut, fn, (loaded, *args), iid, program))
             if iid:
                 self._queued_methods[iid] = \
                     self._queued_methods.get(iid, 0) + 1
@@ -422,7 +438,7 @@ class InlineExecutor(Executor):
                     if not ln.pending and self._lanes.get(lane) is ln:
                         del self._lanes[lane]
                     return
-                fut, fn, args, iid = ln.queue.popleft()
+                fut, fn, args, iid, program = ln.queue.popleft()
             try:
                 if fut.set_running_or_notify_cancel():
                     try:
@@ -430,7 +446,7 @@ class InlineExecutor(Executor):
                     except BaseException as e:  # delivered to the caller
                         fut.set_exception(e)
             finally:
-                del args
+                del args, program
                 with self._lock:
                     ln.pending -= 1
                 if iid:

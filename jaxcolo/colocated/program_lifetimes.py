@@ -49,18 +49,31 @@ def _count_deaths() -> None:
             continue
         _LIVE.pop(pid, None)
         for sub in list(_SUBSCRIBERS):
-            sub._gone.append(pid)
+            if pid in sub._known:  # only executors that hold something
+                sub._known.discard(pid)  # of it are told
+                sub._gone.append(pid)
 
 
 class Subscription:
     """An executor's view: the ids nothing holds any more, once each."""
 
-    __slots__ = ("_gone", "__weakref__")
+    __slots__ = ("_gone", "_known", "__weakref__")
 
     def __init__(self):
         self._gone: collections.deque = collections.deque()
+        self._known: set = set()  # ids this executor keeps something of
         with _LOCK:
             _SUBSCRIBERS.add(self)
+
+    def note(self, program_id: bytes) -> None:
+        """The executor now keeps something of ``program_id`` (called while
+        a ProgramRef of it is alive: the caller's)."""
+        self._known.add(program_id)
+
+    def unnote(self, program_ids) -> None:
+        """The executor keeps nothing of these any more (forgotten when told
+        to, e.g. a worker's programs, whose refs are not counted here)."""
+        self._known.difference_update(program_ids)
 
     def pending(self) -> bool:
         """Cheap check (no lock): may ``take`` return something?"""
@@ -78,6 +91,8 @@ class Subscription:
                 pid = self._gone.popleft()
                 if pid not in _LIVE:
                     ids.append(pid)
+                else:  # made again meanwhile: still kept
+                    self._known.add(pid)
             if ids and apply is not None:
                 apply(ids)
         return ids
@@ -87,3 +102,4 @@ class Subscription:
         with _LOCK:
             _SUBSCRIBERS.discard(self)
             self._gone.clear()
+            self._known.clear()

@@ -242,13 +242,15 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         # (a copy: the caller's ProgramRef is counted while it lives)
         plan = Plan(ProgramRef(program.id, program.payload), prog,
                     self._owner)
+        self._lifetimes.note(program.id)
         with self._lock:
             if plan.instance_id in self._destroyed:
                 return plan  # its calls fail; never held again
             held = self._plans.setdefault(program.id, plan)
             if held is plan and plan.instance_id:  # dropped with it
-                self._instance_plans.setdefault(plan.instance_id,
-                                                []).append(program.id)
+                ids = self._instance_plans.setdefault(plan.instance_id, [])
+                if program.id not in ids:  # (planned again after a forget)
+                    ids.append(program.id)
         return held
 
     def _lane(self, lane: Hashable) -> int:
@@ -371,7 +373,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
                checked: bool = False, sync: bool = False) -> Call:
         if self._closed:
             raise ExecutorError("ProcessExecutor is closed")
-        if self._lifetimes.pending():
+        if self._forgets_unsent or self._lifetimes.pending():
             self._forget_unheld()
         plan = self._plans.get(program.id) or self._plan(program)
         if not checked:  # shards are raw bytes: never reinterpret them

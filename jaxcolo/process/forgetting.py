@@ -11,9 +11,12 @@ Workers of older sessions keep them until the session ends.
 
 from __future__ import annotations
 
+import time
+
 from jaxcolo import versions
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process import messages
+from jaxcolo.transport.writer import SendDeadline
 
 FORGET_SINCE = versions.FEATURE_SINCE["message_forget"]
 
@@ -22,13 +25,18 @@ class ProgramForgetting:
     """Mixin of ProcessExecutor (``_links``, ``_lock``, ``_plans``,
     ``_lifetimes``)."""
 
+    _forgets_unsent = False  # some link has forget ids not sent yet
+
     def _forget_unheld(self) -> None:
         """Forget the programs no ProgramRef holds any more: their plans
         here, and their registrations on hosts whose session knows the
         ``forget`` message (v9).  Each host's register lock is held from
         the decision until its ``forget`` is sent, so a program made again
         meanwhile is registered again after it, never before.  Skipped
-        (tried at a later call) while another thread registers."""
+        (tried at a later call) while another thread registers.  A forget
+        is sent only if its connection is free now: one busy with another
+        send (a slow or stalled host) keeps the ids for a later call, so
+        no call waits on another host's connection."""
         links = list(self._links)
         taken = []
         try:
@@ -36,7 +44,6 @@ class ProgramForgetting:
                 if not link.register_lock.acquire(blocking=False):
                     return
                 taken.append(link.register_lock)
-            by_link: dict = {}
 
             def apply(ids):
                 with self._lock:
@@ -47,14 +54,26 @@ class ProgramForgetting:
                         gone = [p for p in ids if p in link.registered]
                         if gone:
                             link.registered.difference_update(gone)
-                            by_link[link] = gone
-            self._lifetimes.take(apply)
-            for link, gone in by_link.items():
+                            link.forget_unsent.update(gone)
+            if self._lifetimes.pending():
+                self._lifetimes.take(apply)
+            unsent = False
+            for link in links:
+                if not link.forget_unsent or link.is_lost:
+                    continue
+                gone = sorted(link.forget_unsent)
                 try:
                     link.send(messages.Message(messages.MessageKind.forget,
-                                               forgotten=gone))
+                                               forgotten=gone),
+                              deadline=time.monotonic())
+                except SendDeadline as e:
+                    if not e.started:  # nothing went out: a later call
+                        unsent = True
+                        continue
                 except ExecutorError:  # lost: its programs went with it
                     pass
+                link.forget_unsent.difference_update(gone)
+            self._forgets_unsent = unsent
         finally:
             for lock in taken:
                 lock.release()

@@ -60,6 +60,9 @@ class HostLink:
         self.maps = blobs.SegmentMaps()
         self.registered: set = set()
         self.register_lock = threading.Lock()
+        # program ids to forget on the worker, not sent yet (the connection
+        # was busy); a registration takes its id out (under register_lock)
+        self.forget_unsent: set = set()
         self.refused = 0
         self._on_reply = on_reply
         self._on_lost = on_lost
@@ -150,6 +153,7 @@ class HostLink:
                                "until the deadline", started=False)
         try:
             if program.id not in self.registered:
+                self.forget_unsent.discard(program.id)  # made again
                 try:
                     self.send(messages.Message(
                         K.register, program_id=program.id,

@@ -63,6 +63,9 @@ class ProgramTable:
     def __len__(self) -> int:
         return len(self._programs)
 
+    def has(self, program_id) -> bool:
+        return program_id in self._programs
+
     def register(self, program_id, payload, inflation) -> None:
         """Decode and keep a program (PayloadError if the message is
         inconsistent; a program that does not decode is kept with its
@@ -108,8 +111,9 @@ class ProgramTable:
 
     def _note_method(self, entry: Entry) -> None:
         if entry.decoded is not None and entry.decoded.kind == "method":
-            self._by_instance.setdefault(entry.decoded.instance_id,
-                                         []).append(entry.ref.id)
+            ids = self._by_instance.setdefault(entry.decoded.instance_id, [])
+            if entry.ref.id not in ids:  # (registered again after a forget)
+                ids.append(entry.ref.id)
 
     def _decode(self, entry: Entry, inflation) -> None:
         self._stats["programs_decoded"] += 1

@@ -73,7 +73,6 @@ class Session:
         self.where = f"host {host_index} (pid {os.getpid()})"
         self._on_end = on_end
         self.shutdown_requested = False  # else the controller vanished
-        self._inline = InlineExecutor()
         self._lanes = LaneRunner(f"jaxcolo-h{host_index}-lane")
         # a multi-host call that failed here holds the gate until the
         # controller's resume (sessions at v7 and later)
@@ -92,6 +91,9 @@ class Session:
         self.stats = {"calls": 0, "discoveries": 0, "registered": 0,
                       "refused": 0, "errors": 0, "programs_decoded": 0}
         self._programs = ProgramTable(self.stats)
+        # a program forgotten while a call of it was queued (timed out on
+        # the controller) is run by that call, not kept again
+        self._inline = InlineExecutor(keep=self._programs.has)
         # The reader runs a call of an idle lane itself (no hand-off); a
         # call still running after PROMOTE_AFTER seconds makes a new thread
         # the reader, so a blocking function cannot stall later messages.
