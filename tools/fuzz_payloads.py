@@ -96,9 +96,10 @@ def other_root_kinds(corpus) -> list[bytes]:
             **extra))
     out.append(handshake.encode_hello(handshake.local_hello(
         "worker", host_index=1, device_ids=range(4))))
-    # Executor messages: the frozen version-3 golden ones (every kind).
+    # Executor messages: the current version's golden ones (every kind).
     golden = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                          "tests", "golden", "spec", "v3")
+                          "tests", "golden", "spec",
+                          f"v{jaxcolo.SCHEMA_VERSION}")
     for name in sorted(os.listdir(golden)):
         if name.startswith("message_"):
             with open(os.path.join(golden, name), "rb") as f:
