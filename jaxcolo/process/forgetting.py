@@ -30,13 +30,15 @@ class ProgramForgetting:
     def _forget_unheld(self) -> None:
         """Forget the programs no ProgramRef holds any more: their plans
         here, and their registrations on hosts whose session knows the
-        ``forget`` message (v9).  Each host's register lock is held from
-        the decision until its ``forget`` is sent, so a program made again
-        meanwhile is registered again after it, never before.  Skipped
-        (tried at a later call) while another thread registers.  A forget
-        is sent only if its connection is free now: one busy with another
-        send (a slow or stalled host) keeps the ids for a later call, so
-        no call waits on another host's connection."""
+        ``forget`` message (v9).  Every host's register lock is held while
+        the ids are decided (under the lifetimes lock) and their forgets
+        sent; a forget is sent only if its connection is free now (one
+        busy with another send -- a slow or stalled host -- keeps its ids,
+        ``link.forget_unsent``, for a later call, so no call waits on
+        another host's connection), and a registration takes its id out of
+        them under the same lock: a program made again is registered after
+        its forget, never before one.  Skipped (tried at a later call)
+        while another thread registers."""
         links = list(self._links)
         taken = []
         try:
