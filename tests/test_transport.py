@@ -454,3 +454,68 @@ def test_removing_a_process_segments_skips_what_is_not_its_file():
         os.rmdir(planted)
         if os.path.exists(segment):
             os.unlink(segment)
+
+
+def test_frames_come_out_whole_and_in_order():
+    """Framing as a reader sees it (a guard for changes to the read path):
+    frames that arrive together, frames split at any byte, 64-bit lengths
+    and out-of-band buffers all come out whole, in order; a frame waiting
+    makes the channel readable; an oversized frame is refused, EOF inside
+    a frame is an error, not a clean end, and a closed channel takes no
+    frame."""
+    import struct
+    import random
+    rng = random.Random(7)
+    chan, peer = _socketpair_channel()
+    try:
+        frames = [os.urandom(rng.choice([0, 1, 4, 300, 5000, 70000,
+                                         (1 << 20) + 7])) for _ in range(60)]
+        wire = b"".join(struct.pack("!i", len(f)) + f for f in frames)
+        long_one = os.urandom(50)
+        wire += struct.pack("!i", -1) + struct.pack("!Q", 50) + long_one
+        frames.append(long_one)
+        oob = os.urandom(20000)
+        wire += b"".join(struct.pack("!i", len(p)) + p
+                         for p in (b"head", oob[:7000], oob[7000:14000],
+                                   oob[14000:], b"tail"))
+
+        def write():
+            pos = 0
+            while pos < len(wire):  # cut at arbitrary bytes
+                n = rng.choice([1, 3, 4, 5, 100, 4096, 1 << 17])
+                peer.sendall(wire[pos:pos + n])
+                pos += n
+        t = threading.Thread(target=write, daemon=True)
+        t.start()
+        for f in frames:
+            assert chan.readable(10.0)
+            assert chan.recv(timeout=10) == f
+        assert chan.recv(timeout=10) == b"head"
+        assert bytes(chan.recv_buffer(20000, 7000)) == oob
+        assert chan.recv(timeout=10) == b"tail"
+        t.join(10)
+        # two frames in one write
+        peer.sendall(struct.pack("!i", 2) + b"ab" + struct.pack("!i", 1) +
+                     b"c")
+        assert chan.recv(timeout=10) == b"ab"
+        assert chan.readable(0.0)
+        assert chan.recv(timeout=0.01) == b"c"
+        assert not chan.readable(0.01)
+        peer.sendall(struct.pack("!i", 100) + b"x" * 100)
+        with pytest.raises(OSError, match="bad message length"):
+            chan._recv_frame(50)
+    finally:
+        chan.close()
+        peer.close()
+    chan, peer = _socketpair_channel()
+    peer.sendall(struct.pack("!i", 10) + b"abc")
+    peer.shutdown(socket.SHUT_WR)
+    with pytest.raises(ExecutorError, match="end of file during message"):
+        chan.recv(timeout=10)
+    peer.close()
+    chan, peer = _socketpair_channel()
+    peer.sendall(struct.pack("!i", 1) + b"z")
+    chan.close()  # a closed channel takes no frame
+    with pytest.raises(ExecutorError, match="connection lost"):
+        chan.recv()
+    peer.close()
