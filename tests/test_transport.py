@@ -388,8 +388,9 @@ def test_a_send_partly_written_by_its_deadline_is_finished_in_order():
 
 def test_segment_pool_frees_idle_pages_past_retain():
     """Idle segments keep at most ``retain`` bytes of pages, least recently
-    used freed first; a freed segment stays valid for the peer's open file
-    (a later lease's bytes are read there)."""
+    used freed first (a segment alone past the budget frees its own, not
+    the others' warm pages); a freed segment stays valid for the peer's
+    open file (a later lease's bytes are read there)."""
     from jaxcolo.transport import blobs
     if not blobs.available():
         pytest.skip("no /dev/shm")
@@ -397,19 +398,22 @@ def test_segment_pool_frees_idle_pages_past_retain():
     pool = blobs.SegmentPool("t", retain=3 * mib)
     maps = blobs.SegmentMaps()
     try:
-        small, big = pool.lease(2 * mib), pool.lease(8 * mib)
-        for lease in (small, big):
+        small, mid, big = (pool.lease(2 * mib), pool.lease(2 * mib),
+                           pool.lease(8 * mib))
+        for lease in (small, mid, big):
             maps.add(*lease.announce)
             lease.view[:] = 7
-        seg_small = pool._segments[small.segment]
-        seg_big = pool._segments[big.segment]
-        assert seg_big.resident_bytes() >= 8 * mib
+        segs = [pool._segments[x.segment] for x in (small, mid, big)]
+        assert segs[2].resident_bytes() >= 8 * mib
         pool.release([small.id])
-        assert seg_small.resident_bytes() >= 2 * mib  # within retain
-        pool.release([big.id])  # 10 MiB idle: both freed, oldest first
-        assert seg_small.resident_bytes() == 0
-        assert seg_big.resident_bytes() == 0
-        assert pool.stats()["resident_bytes"] == 0
+        assert segs[0].resident_bytes() >= 2 * mib  # within retain
+        pool.release([big.id])  # alone past the budget: its own pages go
+        assert segs[0].resident_bytes() >= 2 * mib
+        assert segs[2].resident_bytes() == 0
+        pool.release([mid.id])  # 4 MiB idle: the oldest (small) goes
+        assert segs[0].resident_bytes() == 0
+        assert segs[1].resident_bytes() >= 2 * mib
+        assert pool.stats()["resident_bytes"] == segs[1].resident_bytes()
         again = pool.lease(8 * mib)
         assert again.segment == big.segment and again.announce is None
         again.view[:] = np.arange(8 * mib, dtype=np.uint64).astype(np.uint8)
@@ -419,11 +423,8 @@ def test_segment_pool_frees_idle_pages_past_retain():
         assert seen[-1] == (8 * mib - 1) % 256
         del seen
         pool.release([again.id])  # 8 MiB > retain: freed again
-        assert pool.stats()["resident_bytes"] == 0
-        kept = pool.lease(3 * mib)
-        kept.view[:] = 1
-        pool.release([kept.id])
-        assert pool.stats()["resident_bytes"] >= 3 * mib
+        assert segs[2].resident_bytes() == 0
+        assert segs[1].resident_bytes() >= 2 * mib
     finally:
         maps.clear()
         pool.close()

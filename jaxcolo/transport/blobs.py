@@ -222,6 +222,8 @@ class SegmentPool:
     def _make_idle(self, seg: _Segment) -> None:
         """(Under the lock.)  ``seg`` joins the idle segments; past the
         ``retain`` budget the least recently used ones lose their pages."""
+        if seg.reserved > self.retain:  # alone past the budget: it goes,
+            self._free_pages(seg)       # not the others' warm pages
         self._idle.setdefault(seg.size, []).append(seg)
         self._idle_order[seg.id] = seg
         self._idle_reserved += seg.reserved
@@ -230,12 +232,16 @@ class SegmentPool:
         for old in list(self._idle_order.values()):
             if old.reserved:
                 self._idle_reserved -= old.reserved
-                try:
-                    old.free_pages()
-                except OSError:  # keeps its pages; counted as free anyway
-                    old.reserved = 0
+                self._free_pages(old)
                 if self._idle_reserved <= self.retain:
                     return
+
+    @staticmethod
+    def _free_pages(seg: _Segment) -> None:
+        try:
+            seg.free_pages()
+        except OSError:  # keeps its pages; counted as free anyway
+            seg.reserved = 0
 
     def stats(self) -> dict:
         """``segments``/``segment_bytes``: how many and how large;
