@@ -240,6 +240,28 @@ def test_weak_types_travel(executor):
     assert signatures(f) == 2
 
 
+def test_calls_sharing_one_sharding_object_keep_their_signatures(executor):
+    """The fast signature key is the ids of each argument's aval (JAX
+    interns them) and sharding: arrays on one sharding object that differ
+    in weak type, shape or dtype are distinct signatures, called in any
+    order."""
+    s = jax.sharding.SingleDeviceSharding(cpu_devices()[0])
+    weak = jax.device_put(jnp.asarray(2.0), s)
+    strong = jax.device_put(np.float32(2.0), s)
+    vec = jax.device_put(np.ones(3, np.float32), s)
+    ints = jax.device_put(np.int32(2), s)
+    assert weak.weak_type and not strong.weak_type
+    assert weak.sharding is strong.sharding is vec.sharding is s
+    f = jaxcolo.colocated_python(lambda a: a * 2)
+    for _ in range(2):
+        for x in (weak, strong, vec, ints, strong, weak):
+            out = f(x)
+            assert out.weak_type == x.weak_type
+            assert out.shape == x.shape and out.dtype == x.dtype
+            np.testing.assert_array_equal(np.asarray(out), np.asarray(x) * 2)
+    assert signatures(f) == 4
+
+
 def test_weak_types_under_specialize(executor):
     """out_specs_fn gets strong specs, as in JAX (a weak spec made a strong
     result weak on a process executor), and an argument matching pinned

@@ -2,9 +2,10 @@
 
 Two dicts reach the same entries (as in ``jax.experimental.colocated_python``):
 
-* the *fast* cache is keyed on the pytree structure, shapes, dtypes, array
-  types and the ``id()`` of each argument's sharding: cheap to hash, and hit
-  by every call that reuses the same sharding objects;
+* the *fast* cache is keyed on the pytree structure, the array types and
+  the ``id()`` of each argument's aval (shape, dtype, weak type: JAX interns
+  avals, so equal arrays share one) and sharding: cheap to hash, and hit by
+  every call that reuses the same sharding objects;
 * the *slow* cache is keyed on the full specs (sharding equality), consulted
   on a fast miss.  A slow hit re-points the entry's single fast key at the
   new sharding objects (LRU(1) per entry); the entry holds those objects, so
@@ -32,15 +33,14 @@ from jax.extend.backend import register_backend_cache
 
 
 def fast_key(treedef, leaves: Sequence[Any]):
-    """The fast cache key of a call, or None if a leaf is no array."""
+    """The fast cache key of a call, or None if a leaf is no jax.Array.
+    (The entry keeps the avals and shardings whose ids it holds alive.)"""
     key = [treedef]
     append = key.append
     try:
         for x in leaves:
             append(type(x))
-            append(x.shape)
-            append(x.dtype)
-            append(getattr(x, "weak_type", False))  # key arrays: none
+            append(id(x.aval))
             append(id(x.sharding))
     except AttributeError:
         return None
@@ -54,7 +54,7 @@ class _Flight:
         self.done = threading.Event()
         self.value = self.error = None
         self.fast = None        # the entry's current fast key
-        self.keepalive = None   # the sharding objects whose ids it holds
+        self.keepalive = None   # the avals and shardings whose ids it holds
 
 
 class SignatureCache:
@@ -116,7 +116,7 @@ class SignatureCache:
         if flight.fast is not None and self._fast.get(flight.fast) is flight:
             del self._fast[flight.fast]
         flight.fast = key
-        flight.keepalive = tuple(x.sharding for x in leaves)
+        flight.keepalive = tuple((x.aval, x.sharding) for x in leaves)
         self._fast[key] = flight
 
     def values(self) -> list:
