@@ -37,6 +37,23 @@ ALL_DTYPES = [
 ]
 
 
+def _user_prng():
+    """A PRNG impl registered here, as users register their own (JAX's are
+    all built in): payloads name it, and a reader must have it too."""
+    name = "jaxcolo_tests.user_prng"
+    if name not in prng.prngs:
+        base = prng.prngs["threefry2x32"]
+        prng.register_prng(prng.PRNGImpl(
+            key_shape=base.key_shape, seed=base.seed, split=base.split,
+            random_bits=base.random_bits, fold_in=base.fold_in, name=name,
+            tag="jxu"))
+    return prng.prngs[name]
+
+
+USER_PRNG = _user_prng()
+ALL_DTYPES.append(prng.KeyTy(USER_PRNG))
+
+
 class Point(NamedTuple):
     x: object
     y: object
@@ -202,7 +219,7 @@ def misc():
         xc.DeviceList(tuple(jax.devices()[2:5])),
         jax.devices()[6],
         tuple(jax.devices()),
-        prng.prngs["threefry2x32"], prng.prngs["rbg"],
+        prng.prngs["threefry2x32"], prng.prngs["rbg"], USER_PRNG,
         debugging.debug_effect, debugging.ordered_debug_effect,
         NamedSharding(Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y")),
                       P("x"))._to_xla_hlo_sharding(2),

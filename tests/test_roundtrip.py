@@ -414,3 +414,33 @@ def test_namedtuples_registered_as_custom_nodes_round_trip():
         assert jax.tree_util.tree_structure(back) == td
         back_td = roundtrip(td)
         assert back_td == td and str(back_td) == str(td)
+
+
+def _corpus_items():
+    for group, items in corpus.everything().items():
+        for i, obj in enumerate(items):
+            yield f"{group}[{i}]", obj
+
+
+def test_the_whole_corpus_at_the_oldest_readable_version():
+    """serialize(x, version=MIN_READABLE_VERSION) of every corpus item is
+    read back equal, or is an EncodeError naming the newer feature it needs
+    (never a silent drop)."""
+    from jaxcolo import versions
+    written = refused = 0
+    for where, obj in _corpus_items():
+        try:
+            data = jaxcolo.serialize(obj,
+                                     version=jaxcolo.MIN_READABLE_VERSION)
+        except jaxcolo.EncodeError as e:
+            feature = str(e).split(" needs schema version ")[0]
+            assert feature in versions.FEATURE_SINCE, (where, e)
+            assert versions.FEATURE_SINCE[feature] > \
+                jaxcolo.MIN_READABLE_VERSION, (where, e)
+            refused += 1
+            continue
+        assert jaxcolo.inspect(data)["writer_version"] == \
+            jaxcolo.MIN_READABLE_VERSION
+        assert jaxcolo.deserialize(data) == obj, where
+        written += 1
+    assert written > 100 and refused >= 1, (written, refused)

@@ -80,8 +80,8 @@ def seed_payloads() -> list[bytes]:
 
 
 def other_root_kinds(corpus) -> list[bytes]:
-    """Program, hello and executor message payloads (bodies are never
-    loaded by decoding)."""
+    """Program, export bundle, hello and executor message payloads (bodies
+    are never loaded by decoding)."""
     import jax
     from jaxcolo.colocated.program import encode_program
     from jaxcolo.transport import handshake
@@ -96,12 +96,13 @@ def other_root_kinds(corpus) -> list[bytes]:
             **extra))
     out.append(handshake.encode_hello(handshake.local_hello(
         "worker", host_index=1, device_ids=range(4))))
-    # Executor messages: the current version's golden ones (every kind).
+    # Executor messages (every kind) and the export bundle: the current
+    # version's golden ones.
     golden = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                           "tests", "golden", "spec",
                           f"v{jaxcolo.SCHEMA_VERSION}")
     for name in sorted(os.listdir(golden)):
-        if name.startswith("message_"):
+        if name.startswith("message_") or name == "export_bundle.bin":
             with open(os.path.join(golden, name), "rb") as f:
                 out.append(f.read())
     return out
