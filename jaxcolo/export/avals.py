@@ -52,6 +52,8 @@ def encode_aval(builder, aval, row, path: str = "$") -> int:
     """Build one AbstractValue table the way JAX's writer of ``row`` does."""
     dims = [str(d) for d in aval.shape]
     for d, text in zip(aval.shape, dims):
+        if type(d) is int:  # digits: nothing for a reader to refuse
+            continue
         # (read back without constraints: the format has none)
         if writable_text(text, f"{path}.shape")[1]:  # a reader counts its
             trial_parse_units(text, empty_scope(), f"{path}.shape", d)  # work
