@@ -151,3 +151,30 @@ def test_captured_mesh_naming_an_unknown_device_fails_clearly(kind):
                            match=rf"unknown device id {devs[6].id}.* - at "
                                  r"\$\.in_specs"):
             jaxcolo.colocated_python(lambda x: x)(put(1, devs[6]))
+
+
+def test_key_arrays_on_different_meshes_keep_their_signatures(executor):
+    """A key array over several devices makes a new sharding object at each
+    access: the fast signature key held the id of a freed one, and a later
+    call on another mesh matched it (its output check failed, or its shards
+    went to the wrong devices), in 52 of 300 calls inline."""
+    import random
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    d = jax.devices()
+    shardings = [NamedSharding(Mesh(np.array(d[i:i + 2]), ("x",)), P("x"))
+                 for i in range(0, 8, 2)]
+    keys = [jax.device_put(jax.random.split(jax.random.key(0), 8), s)
+            for s in shardings]
+    assert keys[0].sharding is not keys[0].sharding  # (what JAX does)
+    f = jaxcolo.colocated_python(lambda k: jax.random.key_data(k))
+    rng, junk = random.Random(0), []
+    for _ in range(300):
+        x = rng.choice(keys)
+        junk.append([NamedSharding(shardings[0].mesh, P("x"))
+                     for _ in range(rng.randrange(3))])  # (reuses ids)
+        if len(junk) > 5:
+            junk.pop(rng.randrange(len(junk)))
+        out = f(x)
+        assert out.sharding.device_set == x.sharding.device_set
+        np.testing.assert_array_equal(np.asarray(out),
+                                      np.asarray(jax.random.key_data(x)))

@@ -105,6 +105,23 @@ def test_numpy_integers_are_versions_and_vjp_orders(poly_exp):
         jaxcolo.serialize(spec, version=True)
 
 
+def test_a_dim_a_reader_refuses_is_not_written():
+    """Concrete dims skip the symbolic-text check only while they fit int64:
+    a dim of over 1024 bits was written, and jaxcolo's reader refused it
+    (the writer must refuse what a reader would)."""
+    import dataclasses
+    from jax._src import core
+    exp = jax.export.export(jax.jit(lambda x: x + 1))(
+        jax.ShapeDtypeStruct((3,), np.float32))
+    ok = dataclasses.replace(exp, in_avals=(
+        core.ShapedArray((2**1023,), np.float32),))
+    assert je.deserialize(je.serialize(ok)).in_avals[0].shape == (2**1023,)
+    bad = dataclasses.replace(exp, in_avals=(
+        core.ShapedArray((2**1024,), np.float32),))
+    with pytest.raises(jaxcolo.EncodeError, match=r"in_avals\[0\]"):
+        je.serialize(bad)
+
+
 def test_encode_errors_name_the_field():
     exp = je.deserialize(_golden("0.10.2", "namedtuple_custom"))
     with pytest.raises(jaxcolo.EncodeError,

@@ -29,19 +29,30 @@ import threading
 import weakref
 from typing import Any, Callable, Sequence
 
+from jax._src.array import ArrayImpl as _ArrayImpl
 from jax.extend.backend import register_backend_cache
 
 
 def fast_key(treedef, leaves: Sequence[Any]):
     """The fast cache key of a call, or None if a leaf is no jax.Array.
-    (The entry keeps the avals and shardings whose ids it holds alive.)"""
+
+    A plain jax.Array (ArrayImpl) stores its aval and sharding, so the key
+    holds their ids (the entry keeps both objects alive).  Other arrays
+    (PRNG key arrays) may make a new sharding object at every access: their
+    part of the key is the values themselves (hashed; compared by
+    equality)."""
     key = [treedef]
     append = key.append
     try:
         for x in leaves:
-            append(type(x))
-            append(id(x.aval))
-            append(id(x.sharding))
+            t = type(x)
+            append(t)
+            if t is _ArrayImpl:
+                append(id(x.aval))
+                append(id(x.sharding))
+            else:
+                append(x.aval)
+                append(x.sharding)
     except AttributeError:
         return None
     return tuple(key)

@@ -48,11 +48,14 @@ def dtype_kind(dtype, row, path: str) -> int:
 
 # ------------------------------------------------------------------ encode
 
+_INT64 = 1 << 63
+
+
 def encode_aval(builder, aval, row, path: str = "$") -> int:
     """Build one AbstractValue table the way JAX's writer of ``row`` does."""
     dims = [str(d) for d in aval.shape]
     for d, text in zip(aval.shape, dims):
-        if type(d) is int:  # digits: nothing for a reader to refuse
+        if type(d) is int and 0 <= d < _INT64:  # digits a reader takes
             continue
         # (read back without constraints: the format has none)
         if writable_text(text, f"{path}.shape")[1]:  # a reader counts its
