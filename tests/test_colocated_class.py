@@ -174,6 +174,15 @@ def _programs_held(ex) -> list:
                                          "programs_loaded_now")]
 
 
+def _make_and_drop(Object, x, n: int) -> None:
+    """``n`` instances of ``Object``, each made, called once and dropped."""
+    for _ in range(n):
+        obj = Object()
+        assert int(obj.echo(x)) == 1
+        del obj
+        gc.collect()
+
+
 def _collect_and_call(x):
     """Collect dropped instances, then make a call: it sends their queued
     destroys first."""
@@ -193,11 +202,7 @@ def test_dropped_instances_leave_no_programs_behind(executor):
     del warm
     _collect_and_call(x)
     before = _programs_held(executor)
-    for _ in range(20):
-        obj = Object()
-        assert int(obj.echo(x)) == 1
-        del obj
-        gc.collect()
+    _make_and_drop(Object, x, 20)
     _collect_and_call(x)
     assert _programs_held(executor) == before
 
@@ -392,10 +397,6 @@ def test_destroyed_instance_ids_are_remembered_within_a_bound(executor):
     Object = _object_class()
     x = put(1, cpu_devices()[0])
     before = len(executor._destroyed)
-    for _ in range(3):
-        obj = Object()
-        assert int(obj.echo(x)) == 1
-        del obj
-        gc.collect()
+    _make_and_drop(Object, x, 3)
     _collect_and_call(x)
     assert len(executor._destroyed) >= before + 3  # (and earlier tests')

@@ -23,6 +23,17 @@ from tests.colocated_support import (cpu_devices, executor,  # noqa: F401
                                      put)
 
 
+def _like_input(fn):
+    """colocated ``fn`` whose output has the spec of its one input."""
+    return jaxcolo.colocated_python(fn).specialize(out_specs_fn=lambda a: a)
+
+
+def _capturing(i: int):
+    """A new function (program) per ``i``, capturing 256 KiB of its own."""
+    return _like_input(
+        lambda a, big=np.full(1 << 16, i, np.float32): a + big[0])
+
+
 def _loaded(ex) -> dict:
     """How many programs ``ex`` holds now: on this side (controller plans or
     InlineExecutor programs) and, for a ProcessExecutor, on each host."""
@@ -42,16 +53,12 @@ def _add(a, k):
 def test_programs_of_dropped_functions_are_forgotten(executor):
     d = cpu_devices()[0]
     x = put(np.float32(1), d)
-    captured = np.ones(1 << 16, np.float32)
     for i in range(40):
-        f = jaxcolo.colocated_python(
-            lambda a, big=captured * i: a + big[0]).specialize(
-                out_specs_fn=lambda a: a)
+        f = _capturing(i)
         assert float(f(x)) == 1 + i
         del f
         gc.collect()
-    keep = jaxcolo.colocated_python(lambda a: a * 2).specialize(
-        out_specs_fn=lambda a: a)
+    keep = _like_input(lambda a: a * 2)
     assert float(keep(x)) == 2  # the next call forgets the dropped ones
     assert float(keep(x)) == 2
     loaded = _loaded(executor)
@@ -74,8 +81,7 @@ def test_an_equal_function_made_again_runs(executor):
     assert float(g(x, x)) == 6  # g holds the same program
     del g
     gc.collect()
-    other = jaxcolo.colocated_python(lambda a: a).specialize(
-        out_specs_fn=lambda a: a)
+    other = _like_input(lambda a: a)
     assert float(other(x)) == 3  # forgets _add's program
     assert float(make()(x, x)) == 6
 
@@ -108,8 +114,7 @@ def test_forgetting_races_with_equal_functions_made_again():
             t.join(300)
         assert not errors, errors[:3]
         gc.collect()
-        assert float(jaxcolo.colocated_python(lambda a: a).specialize(
-            out_specs_fn=lambda a: a)(x)) == 2
+        assert float(_like_input(lambda a: a)(x)) == 2
         host = ex.stats()["hosts"][0]
         assert host["programs_forgotten"] > 0, host
         assert host["unregistered"] > 0, host
@@ -123,8 +128,7 @@ def test_sessions_before_v9_keep_their_programs():
     with jaxcolo.ProcessExecutor(num_hosts=1, max_version=8) as ex, \
             jaxcolo.use_executor(ex):
         for i in range(3):
-            f = jaxcolo.colocated_python(lambda a, i=i: a + i).specialize(
-                out_specs_fn=lambda a: a)
+            f = _like_input(lambda a, i=i: a + i)
             assert float(f(x)) == 1 + i
             del f
             gc.collect()
@@ -151,8 +155,7 @@ def test_an_instance_outlives_its_forgotten_method_programs(executor):
     assert int(c.bump(x)) == 1
     jax.clear_caches()
     gc.collect()
-    other = jaxcolo.colocated_python(lambda a: a).specialize(
-        out_specs_fn=lambda a: a)
+    other = _like_input(lambda a: a)
     assert int(other(x)) == 0  # forgets bump's program
     assert int(c.bump(x)) == 2
     assert int(c.bump(x)) == 3
@@ -279,8 +282,7 @@ def test_clear_caches_drops_pinned_specialisations_too():
     pickled again after jax.clear_caches() (it kept its old body)."""
     x = put(np.float32(1), cpu_devices()[0])
     spec = jax.ShapeDtypeStruct((), np.float32)
-    free = jaxcolo.colocated_python(
-        lambda a, s=_SCALE: a * s[0]).specialize(out_specs_fn=lambda a: a)
+    free = _like_input(lambda a, s=_SCALE: a * s[0])
     pinned = jaxcolo.colocated_python(
         lambda a, s=_SCALE: a * s[0]).specialize(
             in_specs=((spec,), {}), out_specs_fn=lambda a: a)
@@ -302,15 +304,11 @@ def test_a_queued_inline_call_keeps_its_program():
     x = put(np.float32(1), cpu_devices()[0])
     ex = jaxcolo.InlineExecutor()
     with ex, jaxcolo.use_executor(ex):
-        slow = jaxcolo.colocated_python(_wait_for_gate).specialize(
-            out_specs_fn=lambda a: a)
-        other = jaxcolo.colocated_python(lambda a: a * 2).specialize(
-            out_specs_fn=lambda a: a)
+        slow = _like_input(_wait_for_gate)
+        other = _like_input(lambda a: a * 2)
         other(x)
         for i in range(6):
-            f = jaxcolo.colocated_python(
-                lambda a, big=np.full(1 << 16, i, np.float32): a + big[0]
-            ).specialize(out_specs_fn=lambda a: a)
+            f = _capturing(i)
             _GATE.clear()
             first = slow.submit(x)  # the lane is busy
             queued = f.submit(x)    # behind it
@@ -335,15 +333,11 @@ def test_a_call_queued_on_a_worker_past_its_timeout_keeps_nothing():
     x = put(np.float32(1), cpu_devices()[0])
     with jaxcolo.ProcessExecutor(num_hosts=1) as ex, \
             jaxcolo.use_executor(ex):
-        sleepy = jaxcolo.colocated_python(_sleepy).specialize(
-            out_specs_fn=lambda a: a)
-        other = jaxcolo.colocated_python(lambda a: a * 2).specialize(
-            out_specs_fn=lambda a: a)
+        sleepy = _like_input(_sleepy)
+        other = _like_input(lambda a: a * 2)
         other(x)
         for i in range(3):
-            f = jaxcolo.colocated_python(
-                lambda a, big=np.full(1 << 16, i, np.float32): a + big[0]
-            ).specialize(out_specs_fn=lambda a: a)
+            f = _capturing(i)
             busy = sleepy.submit(x)  # the worker's lane is busy
             with pytest.raises(jaxcolo.ExecutorError, match="timed out"):
                 with ex.timeout(0.2):
@@ -370,12 +364,9 @@ def test_a_busy_host_does_not_hold_up_calls_on_others():
     big5 = put(np.ones(15000, np.float32), d[5])  # in the message: fills
     with jaxcolo.ProcessExecutor(num_hosts=2, lost_timeout=20) as ex, \
             jaxcolo.use_executor(ex):
-        ident = jaxcolo.colocated_python(lambda a: a).specialize(
-            out_specs_fn=lambda a: a)
-        g = jaxcolo.colocated_python(lambda a: a * 2).specialize(
-            out_specs_fn=lambda a: a)
-        f = jaxcolo.colocated_python(lambda a: a + 1).specialize(
-            out_specs_fn=lambda a: a)
+        ident = _like_input(lambda a: a)
+        g = _like_input(lambda a: a * 2)
+        f = _like_input(lambda a: a + 1)
         g(x0), ident(big5), f(x5), f(x0)
         stopped = ex.worker_pids()[1]
         os.kill(stopped, signal.SIGSTOP)
@@ -406,13 +397,11 @@ def test_an_idle_executor_collects_no_ids():
     busy = jaxcolo.InlineExecutor()
     with busy, jaxcolo.use_executor(busy):
         for i in range(50):
-            f = jaxcolo.colocated_python(lambda a, i=i: a + i).specialize(
-                out_specs_fn=lambda a: a)
+            f = _like_input(lambda a, i=i: a + i)
             f(x)
             del f
         gc.collect()
-        jaxcolo.colocated_python(lambda a: a).specialize(
-            out_specs_fn=lambda a: a)(x)
+        _like_input(lambda a: a)(x)
     assert len(idle._lifetimes._gone) == 0
     assert len(idle._lifetimes._known) == 0
     idle.close()
@@ -427,8 +416,7 @@ def test_an_instance_reloaded_after_forgets_lists_its_programs_once(
 
     x = put(np.float32(1), cpu_devices()[0])
     c = Echo()
-    other = jaxcolo.colocated_python(lambda a: a).specialize(
-        out_specs_fn=lambda a: a)
+    other = _like_input(lambda a: a)
     for _ in range(5):
         assert float(c.m(x)) == 1.0
         jax.clear_caches()

@@ -144,8 +144,6 @@ class SignatureCache:
         if self.on_clear is not None:
             self.on_clear()
 
-    cache_clear = clear  # what jax.clear_caches() calls
-
     def cache_keys(self) -> list:
         with self._lock:
             return list(self._slow)
