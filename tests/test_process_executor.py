@@ -914,6 +914,37 @@ def test_host_lost_while_sending_never_reaches_the_restarted_cluster(
                 assert sorted(runs) == sorted(new), (runs, old, new)
 
 
+def test_without_restart_a_lost_cluster_says_which_host_was_lost():
+    """restart=False: host 1 killed takes its cluster down.  Calls to
+    host 0 said only that host 0 "was lost (restart is off)" -- not that
+    it went down with host 1, nor why host 1 was lost."""
+    f = jaxcolo.colocated_python(_identity).specialize(
+        out_specs_fn=_identity)
+    devs = cpu_devices()
+    both = jax.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(
+        Mesh(np.array(devs), ("x",)), P("x")))
+    on0, on1 = put(3, devs[0]), put(4, devs[-1])
+    with jaxcolo.ProcessExecutor(num_hosts=2, restart=False) as ex, \
+            jaxcolo.use_executor(ex):
+        assert int(f(on0)) == 3 and int(f(on1)) == 4
+        pids = ex.worker_pids()
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not ex._links[0].is_lost:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        lost1 = (rf"host 1 \(unix:[^,]*, pid {pids[1]}\) was lost \(restart "
+                 r"is off\): connection closed by peer")
+        lost0 = (rf"^host 0 \(unix:[^,]*, pid {pids[0]}\) was lost \(restart "
+                 r"is off\): its cluster went down with host 1 \(unix:[^,]*, "
+                 rf"pid {pids[1]}\), lost: connection closed by peer$")
+        for x, expected in ((both, lost0), (on0, lost0), (on1, f"^{lost1}$")):
+            with pytest.raises(jaxcolo.ExecutorError, match=expected):
+                f(x)
+        assert ex.stats()["restarts"] == 0
+    _wait_exited(pids)
+
+
 def test_instances_on_a_restarted_host_fail_clearly(tmp_path):
     @jaxcolo.colocated_python_class
     class Counter:

@@ -68,6 +68,7 @@ class HostLink:
         self._on_lost = on_lost
         self._lost_timeout = lost_timeout
         self._lost = False
+        self.loss_reason: str | None = None  # why it was lost, once it is
         self._lost_lock = threading.Lock()
         self._released: queue.SimpleQueue = queue.SimpleQueue()
         self._stats_waiters: dict = {}
@@ -333,16 +334,19 @@ class HostLink:
             if self._lost:
                 return
             self._lost = True
+            self.loss_reason = reason
         self._teardown()
         with executor_thread():
             self._on_lost(self, reason)
         with self._role:
             self._role.notify_all()
 
-    def retire(self) -> None:
+    def retire(self, reason: str) -> None:
         """Mark the link lost without reporting it (its cluster was lost
-        through another host): no call starts on it any more."""
+        through another host, ``reason``): no call starts on it any more."""
         with self._lost_lock:
+            if not self._lost:
+                self.loss_reason = reason
             self._lost = True
 
     def discard(self) -> None:

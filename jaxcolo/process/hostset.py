@@ -133,7 +133,7 @@ class HostSet:
                     return self._reconnect(h, link)
                 if not self._restart:
                     raise ExecutorError(f"{link.describe} was lost (restart "
-                                        "is off)")
+                                        f"is off): {link.loss_reason}")
                 if self._restart_error is not None:
                     raise ExecutorError(
                         f"{link.describe} was lost and could not be "
@@ -401,7 +401,9 @@ class HostSet:
             cluster = self._addresses is None and len(self._links) > 1
             lost = [x for x in self._links if cluster or x is link]
             for other in lost:  # no call may start on them any more, and
-                other.retire()  # their own loss is not reported again
+                if other is not link:  # their own loss is not reported again
+                    other.retire(f"its cluster went down with "
+                                 f"{link.describe}, lost: {reason}")
             failed = [(cid, e) for cid, e in self._pending.items()
                       if e[2] in lost]
             for cid, (call, _, _) in failed:
@@ -470,7 +472,7 @@ class HostSet:
                 error = f"{lost[0].describe} was lost as it started"
                 log.error("restart failed: %s", error)
                 for link in self._links:
-                    link.retire()
+                    link.retire(f"the restart failed: {error}")
                     link.discard()
             self._restart_error = error
         finally:
