@@ -856,7 +856,7 @@ def test_worker_killed_mid_call(one_host, tmp_path):
 
 
 @pytest.mark.parametrize("hosts", [2, 4])
-def test_worker_killed_mid_call_multi_host(tmp_path, hosts):
+def test_worker_killed_mid_call_multi_host(tmp_path, hosts, capfd):
     with jaxcolo.ProcessExecutor(num_hosts=hosts) as ex:
         err, elapsed, old, log = _kill_mid_call(ex, tmp_path, cpu_devices(),
                                                 hosts - 1)
@@ -867,6 +867,9 @@ def test_worker_killed_mid_call_multi_host(tmp_path, hosts):
         new = ex.worker_pids()
         assert not set(new) & set(old)  # the whole cluster restarted
         assert log.read_text() == "run\n" * hosts  # once per host, no retry
+    # the restart killed host 0 (the coordinator) last: the other hosts did
+    # not see it vanish and log that as a fatal error
+    assert "Terminating process" not in capfd.readouterr().err
 
 
 def test_host_lost_while_sending_never_reaches_the_restarted_cluster(
@@ -943,6 +946,24 @@ def test_without_restart_a_lost_cluster_says_which_host_was_lost():
                 f(x)
         assert ex.stats()["restarts"] == 0
     _wait_exited(pids)
+
+
+def test_close_stops_the_coordinator_host_last(capfd):
+    """close() told host 0 (the jax.distributed coordinator) to exit
+    first: a host still busy then (here: stopped for a second) found the
+    coordinator gone and aborted with a fatal error on stderr."""
+    with jaxcolo.ProcessExecutor(num_hosts=2) as ex:
+        assert ok_call(ex) == 42
+        pids = ex.worker_pids()
+        os.kill(pids[1], signal.SIGSTOP)
+        timer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGCONT))
+        timer.start()
+    timer.join()
+    _wait_exited(pids)
+    time.sleep(0.5)  # (a fatal error would be written by now)
+    err = capfd.readouterr().err
+    assert "Terminating process" not in err and "coordination" not in err, \
+        err[-2000:]
 
 
 def test_instances_on_a_restarted_host_fail_clearly(tmp_path):

@@ -466,6 +466,25 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
             self._watch_stragglers(call)
 
     # ------------------------------------------------------------- close
+    def _shut_down_hosts(self) -> None:
+        """Tell every host to exit, and wait for the workers started here.
+        Host 0 runs the jax.distributed coordinator of a local cluster:
+        it goes last, once the others have exited (a worker still up when
+        the coordinator vanished logged a fatal error and aborted)."""
+        links, workers = list(self._links), list(self._workers)
+        if len(workers) != len(links) or len(links) < 2:
+            for link in links:
+                link.close(shutdown=True)
+            for w in workers:
+                w.stop()
+            return
+        for link in links[1:]:
+            link.close(shutdown=True)
+        for w in workers[1:]:
+            w.stop()
+        links[0].close(shutdown=True)
+        workers[0].stop()
+
     def close(self) -> None:
         if not self._closed:
             self._settle_holds(CLOSE_SETTLE_TIMEOUT)
@@ -487,10 +506,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         self._ready.wait(self._start_timeout)
         self._destroys.close()
         self._deadlines.close()
-        for link in self._links:
-            link.close(shutdown=True)
-        for w in self._workers:
-            w.stop()
+        self._shut_down_hosts()
         if self._socket_dir is not None:
             self._remove_socket_dir()
         token, self._sigint = getattr(self, "_sigint", None), None

@@ -452,8 +452,8 @@ class HostSet:
         opened = False  # by _set_ready_unless_lost: a new loss may have
         try:            # cleared _ready since, for a restart of its own
             for _ in range(attempts):
-                for w in self._workers:
-                    w.kill()
+                for w in reversed(self._workers):  # the coordinator last:
+                    w.kill()  # (the others would log its loss as fatal)
                 if self._closed:
                     return
                 try:

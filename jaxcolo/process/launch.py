@@ -191,7 +191,7 @@ def start_workers(num_hosts: int, device_map: list, authkey: bytes,
         for w in workers:
             w.wait_ready(deadline)
     except BaseException:
-        for w in workers:
+        for w in reversed(workers):  # host 0, the coordinator, last
             w.kill()
         raise
     return workers
