@@ -734,6 +734,26 @@ def test_dict_keys_jax_cannot_sort_are_an_encode_error():
         jaxcolo.serialize({"specs": [x, {"a": x, 1: x}]})
 
 
+def test_node_errors_name_the_nested_node():
+    """Other bad keys, a bad int key or an unregistered default factory in
+    a nested node were reported at $, the root, whatever their depth."""
+    x = _leaf()
+    cases = [
+        ({"outer": [x, {(1,): x}]}, "dict keys must all be str",
+         r"\$\['outer'\]\[1\]"),
+        ({"a": [{"b": {2**70: x}}]}, "int dict keys must fit in int64",
+         r"\$\['a'\]\[0\]\['b'\]"),
+        ((x, collections.defaultdict(lambda: 0, {"k": x})),
+         "is not registered", r"\$\[1\]"),
+        ({"d": collections.defaultdict(list, {"k": {1.5: x}})},
+         "dict keys must all be str", r"\$\['d'\]\['k'\]"),
+    ]
+    for tree, reason, where in cases:
+        with pytest.raises(jaxcolo.EncodeError,
+                           match=rf"^.*{reason}.* - at {where}$"):
+            jaxcolo.serialize(tree)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class _Cfg:
@@ -1216,7 +1236,7 @@ def test_namedtuples_registered_as_custom_nodes_are_not_namedtuple_nodes():
     x, y = _leaf(), jax.ShapeDtypeStruct((3,), np.int8)
     with pytest.raises(jaxcolo.EncodeError, match=r"_Unserialized is "
                        r"registered as a custom pytree node.*register_pytree"
-                       r"_node_serialization.* - at \$$"):
+                       r"_node_serialization.* - at \$\['k'\]\[0\]$"):
         jaxcolo.serialize({"k": [_Unserialized(x, y)]})
     with pytest.raises(jaxcolo.EncodeError, match=r"_FieldsOnly is registered"
                        r" as a custom pytree node.*from_children"):

@@ -124,15 +124,28 @@ class SpecLeafAsNode(EncodeError):
 SPEC_LEAF_TYPES: set = set()
 
 
-def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
+def _path(where) -> str:
+    """The path text of ``where``: a root path, or (parent, child step)."""
+    steps = []
+    while type(where) is tuple:
+        where, step = where
+        steps.append(f"[{step!r}]")
+    return where + "".join(reversed(steps))
+
+
+def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
+    """Append ``td``'s preorder arrays to ``out``.  ``where``: its path,
+    formatted by ``_path`` only for an error."""
     if depth > MAX_DEPTH:
-        raise EncodeError(f"pytree nesting deeper than {MAX_DEPTH}", path)
+        raise EncodeError(f"pytree nesting deeper than {MAX_DEPTH}",
+                          _path(where))
     out.copies += depth  # copied once into each ancestor
     nd = td.node_data()
     if nd is None:
         out.kinds.append(NodeKind.leaf)
         return
     t, aux = nd
+    path = "" if t in _PLAIN else _path(where)  # (these raise nothing)
     if t in SPEC_LEAF_TYPES:
         raise SpecLeafAsNode(f"{t.__name__} is a spec leaf", path)
     children = td.children()
@@ -190,8 +203,13 @@ def _flatten_node(td, out: FlatTree, path: str, depth: int = 0) -> None:
             "with jax.export.register_pytree_node_serialization (or "
             "register_namedtuple_serialization)", path)
     out.arities.append(len(children))
-    for c in children:
-        _flatten_node(c, out, path, depth + 1)
+    steps = (aux if t is dict or t is collections.OrderedDict else aux[1]
+             if t is collections.defaultdict else range(len(children)))
+    for step, c in zip(steps, children):
+        _flatten_node(c, out, (where, step), depth + 1)
+
+
+_PLAIN = frozenset({type(None), tuple, list})
 
 
 _FLAT_CACHE: dict = {}
