@@ -746,7 +746,7 @@ def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # (reaped meanwhile)
         return False
 
 
@@ -764,6 +764,37 @@ def test_an_executor_dropped_without_close_is_collected_and_stops():
     ref, pids = _used_and_dropped()
     gc.collect()
     assert ref() is None
+    _wait_exited(pids)
+
+
+def _half_second_plus_one(x):
+    time.sleep(0.5)
+    return x + 1
+
+
+def _submitted_and_dropped(timeout):
+    ex = jaxcolo.ProcessExecutor(num_hosts=2, call_timeout=timeout)
+    f = jaxcolo.colocated_python(_half_second_plus_one).specialize(
+        out_specs_fn=_identity)
+    x = jax.device_put(np.arange(8, dtype=np.int32), NamedSharding(
+        Mesh(np.array(cpu_devices()), ("x",)), P("x")))
+    with jaxcolo.use_executor(ex):
+        return f.submit(x), weakref.ref(ex), ex.worker_pids()
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_a_dropped_executor_finishes_the_calls_its_futures_wait_for(
+        timeout):
+    """An executor dropped without close() while a submitted call ran was
+    collected and shut down under it: the call's future never completed
+    (its timeout never fired either)."""
+    fut, ref, pids = _submitted_and_dropped(timeout)
+    gc.collect()
+    assert ref() is not None  # the pending future holds it
+    np.testing.assert_array_equal(fut.result(timeout=30), np.arange(1, 9))
+    del fut
+    gc.collect()
+    assert ref() is None  # and lets it go once done
     _wait_exited(pids)
 
 
@@ -964,6 +995,40 @@ def test_close_stops_the_coordinator_host_last(capfd):
     err = capfd.readouterr().err
     assert "Terminating process" not in err and "coordination" not in err, \
         err[-2000:]
+
+
+def test_close_waits_for_hung_workers_together():
+    """close() gave each worker that did not exit 5 s, one after another:
+    three stopped workers held it 15 s."""
+    ex = jaxcolo.ProcessExecutor(num_hosts=4)
+    pids = ex.worker_pids()
+    for pid in pids[1:]:
+        os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    ex.close()
+    assert time.monotonic() - t0 < 9
+    _wait_exited(pids)
+
+
+def test_close_wakes_a_stats_request_waiting_for_its_reply():
+    """stats() on another thread, waiting for a worker that had not
+    answered yet, was not woken by close() and waited out its timeout."""
+    ex = jaxcolo.ProcessExecutor(num_hosts=1)
+    pid = ex.worker_pids()[0]
+    os.kill(pid, signal.SIGSTOP)  # a worker that does not answer (yet)
+    out = {}
+
+    def ask():
+        t0 = time.monotonic()
+        out["hosts"] = ex.stats(timeout=60)["hosts"]
+        out["took"] = time.monotonic() - t0
+    t = threading.Thread(target=ask)
+    t.start()
+    time.sleep(0.3)  # (asked; no reply)
+    ex.close()  # waits 5 s for the stopped worker, then kills it
+    t.join(60)
+    assert out["hosts"] == [{}] and out["took"] < 10, out
+    _wait_exited([pid])
 
 
 def test_instances_on_a_restarted_host_fail_clearly(tmp_path):

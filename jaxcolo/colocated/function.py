@@ -443,6 +443,8 @@ def _chain(inner: Future, out_treedef) -> Future:
     plain Future method, so it runs inline wherever ``inner`` completes."""
     outer = type(inner)()
     outer.set_running_or_notify_cancel()
+    if getattr(inner, "keep", None) is not None:  # what inner keeps alive
+        outer.keep = inner.keep                    # until done (its executor)
 
     def done(f: Future) -> None:
         if f.cancelled():

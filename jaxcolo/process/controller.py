@@ -73,6 +73,9 @@ _LANE_MASK = (1 << 63) - 1
 # close() waits up to this long for multi-host calls that failed on some
 # host to be done on the others and resumed (running workers).
 CLOSE_SETTLE_TIMEOUT = 5.0
+# close() gives the workers it started this long to exit (together) after
+# their shutdown message; then they are killed.
+WORKER_EXIT_WAIT = 5.0
 
 
 def _seconds(value, what: str) -> float:
@@ -387,6 +390,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         lane_id = self._lane(lane)
         call = Call(plan, discover, remote_errors.exception_from_reply)
         call.program = program
+        call.future.keep = self  # a dropped executor finishes its calls
         if len(plan.hosts) > 1:  # (Future's own method: inline, any thread;
             settle = lifetime.weak(self._check_settled)  # no cycle through
             ref = weakref.ref(call)                      # the call)
@@ -473,17 +477,15 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         the coordinator vanished logged a fatal error and aborted)."""
         links, workers = list(self._links), list(self._workers)
         if len(workers) != len(links) or len(links) < 2:
-            for link in links:
+            groups = [(links, workers)]
+        else:
+            groups = [(links[1:], workers[1:]), (links[:1], workers[:1])]
+        for group_links, group_workers in groups:
+            for link in group_links:
                 link.close(shutdown=True)
-            for w in workers:
-                w.stop()
-            return
-        for link in links[1:]:
-            link.close(shutdown=True)
-        for w in workers[1:]:
-            w.stop()
-        links[0].close(shutdown=True)
-        workers[0].stop()
+            deadline = time.monotonic() + WORKER_EXIT_WAIT  # all at once:
+            for w in group_workers:  # then the ones still up are killed
+                w.stop(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         if not self._closed:

@@ -380,6 +380,8 @@ class HostLink:
             self._lost = True
         self.channel.close()
         self._released.put(None)
+        for box in list(self._stats_waiters.values()):
+            box[0].set()  # (no reply comes any more)
         self._kick.set()
         with self._role:
             self._role.notify_all()

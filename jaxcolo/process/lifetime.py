@@ -5,8 +5,8 @@ deadline and destroy threads) call back into it through :func:`weak`
 references only, so an executor nobody holds any more is collected; then
 :func:`release` -- a ``weakref.finalize`` of the executor, which holds the
 executor's resources but not the executor -- shuts its workers and threads
-down, as ``close()`` would (calls in flight cannot exist: their futures would
-hold the executor).  The same finalizer runs at interpreter exit for an
+down, as ``close()`` would (calls in flight cannot exist: their futures
+hold the executor until they are done, ``CallFuture.keep``).  The same finalizer runs at interpreter exit for an
 executor still open then.
 """
 

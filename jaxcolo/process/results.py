@@ -79,6 +79,9 @@ class CallFuture(Future):
         self._callbacks: list = []
         self._callbacks_lock = threading.Lock()
         self._fired = False
+        # kept alive until done: the executor, so that one its user dropped
+        # without close() still completes the calls its futures wait for
+        self.keep = None
 
     def add_done_callback(self, fn) -> None:
         with self._callbacks_lock:
@@ -101,6 +104,7 @@ class CallFuture(Future):
         with self._callbacks_lock:
             self._fired = True
             callbacks, self._callbacks = self._callbacks, []
+        self.keep = None  # (its last reference may go: it is collected)
         if not callbacks:
             return
         if getattr(_thread, "internal", False):
