@@ -6,8 +6,8 @@ references only, so an executor nobody holds any more is collected; then
 :func:`release` -- a ``weakref.finalize`` of the executor, which holds the
 executor's resources but not the executor -- shuts its workers and threads
 down, as ``close()`` would (calls in flight cannot exist: their futures
-hold the executor until they are done, ``CallFuture.keep``).  The same finalizer runs at interpreter exit for an
-executor still open then.
+hold the executor until they are done, ``CallFuture.keep``).  The same
+finalizer runs at interpreter exit for an executor still open then.
 """
 
 from __future__ import annotations
