@@ -27,10 +27,10 @@ from jax._src.sharding_impls import GSPMDSharding
 
 import jaxcolo
 import jaxcolo.export as je
-from jaxcolo import envelope
+from jaxcolo import envelope, versions
 from jaxcolo.checking import check_readable
 from jaxcolo.codec import aval, memo, mesh as mesh_codec, names, \
-    parse_cost, symbolic
+    parse_cost, sharding, symbolic
 from jaxcolo.colocated.program import decode_program, encode_program
 from jaxcolo.export.layouts import EXPORTED as LE, TREE as LT
 from jaxcolo.process import messages as M, templates
@@ -62,6 +62,72 @@ def _reseal(data, body=None, flags=None, min_reader=None):
 
 
 # ------------------------------------------------------- bounded work
+
+def test_memos_and_caches_keep_no_large_decodes():
+    """A payload under 64 KB can deflate a body 256 times larger: the
+    decode memo (bounded by the payload's stored size) kept each such
+    result, ~155 MB per payload at 2.5M leaves; the PartitionSpec cache
+    kept huge specs (~130 MB each); the mesh caches, huge axis names."""
+    memo.clear()
+    many = (np.dtype("f4"),) * 40_000
+    data = jaxcolo.serialize(many)
+    assert len(data) <= memo.MAX_PAYLOAD
+    assert len(jaxcolo.serialize(many, compress=False)) > memo.MAX_PAYLOAD
+    assert jaxcolo.deserialize(data) == many
+    assert not memo.DECODED.entries  # its body is too large to keep
+    small = [jaxcolo.serialize(jax.ShapeDtypeStruct((i, 2), np.float32))
+             for i in range(1, 300)]
+    for d in small:
+        jaxcolo.deserialize(d)
+    assert len(memo.DECODED.entries) == 299  # small ones are kept
+    held = memo.DECODED.bytes
+    assert held == sum(len(d) for d in small) + sum(
+        len(jaxcolo.serialize(jax.ShapeDtypeStruct((i, 2), np.float32),
+                              compress=False)) - 16 for i in range(1, 300))
+    old_budget = memo.DECODED.max_bytes
+    try:  # and within the byte budget
+        memo.DECODED.max_bytes = held // 2
+        jaxcolo.deserialize(jaxcolo.serialize(jax.ShapeDtypeStruct(
+            (7, 7), np.float32)))
+        assert memo.DECODED.bytes <= held // 2
+        assert 0 < len(memo.DECODED.entries) < 200
+    finally:
+        memo.DECODED.max_bytes = old_budget
+        memo.clear()
+
+    cached = len(sharding._SPEC_CACHE)
+    P = jax.sharding.PartitionSpec
+    spec = P(*[None] * 5000)
+    assert jaxcolo.deserialize(jaxcolo.serialize(spec)) == spec
+    assert len(sharding._SPEC_CACHE) in (cached, 0)  # not kept
+    spec = P(*[None] * 7)
+    assert jaxcolo.deserialize(jaxcolo.serialize(spec)) == spec
+    assert sharding._SPEC_CACHE  # small ones are
+
+    long_names = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("a" * 5000,))
+    before = set(map(id, mesh_codec._MESH_CACHE.values()))
+    assert jaxcolo.deserialize(jaxcolo.serialize(long_names)) == long_names
+    assert set(map(id, mesh_codec._MESH_CACHE.values())) <= before
+
+
+def test_gspmd_sharding_tiling_other_devices_is_refused():
+    """GSPMDSharding(8 devices, 16 tiles) was written and read back; JAX
+    then failed on it with a bare AssertionError (devices_indices_map,
+    device_put)."""
+    good = GSPMDSharding(jax.devices()[:8], xc.HloSharding.iota_tile([8]))
+    bad = GSPMDSharding(jax.devices()[:8], xc.HloSharding.iota_tile([4]))
+    with pytest.raises(jaxcolo.EncodeError, match=r"^the HLO sharding tiles "
+                       r"4 devices but its device list has 8 - at \$.hlo$"):
+        jaxcolo.serialize(bad)
+    data = jaxcolo.serialize(good, compress=False)
+    old = good._hlo_sharding.to_proto().SerializeToString()
+    new = bad._hlo_sharding.to_proto().SerializeToString()
+    assert len(old) == len(new) and data.count(old) == 1
+    with pytest.raises(jaxcolo.PayloadError, match=(
+            r"^the HLO sharding tiles 4 devices but its device list has 8 - "
+            r"at \$\.shardings\[0\]\.hlo_sharding$")):
+        jaxcolo.deserialize(_reseal(data, data[16:].replace(old, new)))
+
 
 def test_export_tree_with_shared_children_is_refused():
     """Each tree node lists the same child twice: 2**30 paths in 2 KB."""
@@ -684,6 +750,25 @@ def test_whole_frame_templates_check_the_header_and_checksum():
     assert templates.match_frame(again, 8) is None
     M.decode(again, 8)
     assert templates.match_frame(again, 8) is not None
+
+
+def test_large_messages_are_not_templated():
+    """Templates keep whole bodies: 256 of them for messages carrying up to
+    8 MiB of in-message data could hold 2 GB for the process's life."""
+    big = M.Message(MessageKind.result, call_id=41,
+                    program_id=bytes(range(16)),
+                    shards=_call(b"x" * (templates.MAX_BODY + 1)).shards)
+    data = M.encode(big)
+    assert templates.encode(big, versions.SCHEMA_VERSION, M._encode) is None
+    for _ in range(3):
+        got = M.decode(data)
+    assert got.call_id == 41 and bytes(got.shards.data) == bytes(
+        big.shards.data)
+    assert all(len(t.body) <= templates.MAX_BODY
+               for lst in templates._DECODE.values() for t in lst)
+    small = dataclasses.replace(big, shards=_call(b"x" * 100).shards)
+    assert templates.encode(small, versions.SCHEMA_VERSION,
+                            M._encode) == M.encode(small)
 
 
 def _columns(m):

@@ -18,9 +18,12 @@ repeat cheap without changing any result:
   (``jax.set_mesh``) is in the key because a ShapeDtypeStruct made with a
   bare PartitionSpec resolves its sharding against it.
 
-Both are bounded (entries and bytes) and thread safe; ``clear()`` empties
-them, ``set_enabled(False)`` turns them off (benchmarks use this to measure
-the codec itself).
+Both are bounded -- entries, and bytes: a payload is memoized only if it
+and its flatbuffer body (inflated: a decoded result's size follows the body's,
+and a small deflated payload can hold a large body) are at most
+``MAX_PAYLOAD``, and each memo keeps at most ``MAX_BYTES`` of those -- and
+thread safe; ``clear()`` empties them, ``set_enabled(False)`` turns them off
+(benchmarks use this to measure the codec itself).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from jax._src import mesh as jmesh
 from jaxcolo import versions
 
 MAX_ENTRIES = 512
-MAX_PAYLOAD = 64 * 1024  # larger payloads are not memoized
+MAX_PAYLOAD = 64 * 1024  # larger payloads (or bodies) are not memoized
+MAX_BYTES = 4 * 1024 * 1024  # per memo: sizes of the payloads (and bodies)
 
 _enabled = True
 
@@ -50,8 +54,13 @@ def enabled() -> bool:
 
 
 class _LRU:
-    def __init__(self, max_entries: int):
+    """Least recently used entries, at most ``max_entries`` of them and
+    ``max_bytes`` of their stated sizes."""
+
+    def __init__(self, max_entries: int, max_bytes: int):
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self.entries: collections.OrderedDict = collections.OrderedDict()
         self.lock = threading.Lock()
 
@@ -60,22 +69,28 @@ class _LRU:
             hit = self.entries.get(key)
             if hit is not None:
                 self.entries.move_to_end(key)
-            return hit
+                return hit[0]
+            return None
 
-    def put(self, key, value) -> None:
+    def put(self, key, value, size: int) -> None:
         with self.lock:
-            self.entries[key] = value
-            self.entries.move_to_end(key)
-            while len(self.entries) > self.max_entries:
-                self.entries.popitem(last=False)
+            old = self.entries.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            self.entries[key] = (value, size)
+            self.bytes += size
+            while len(self.entries) > self.max_entries or \
+                    self.bytes > self.max_bytes:
+                self.bytes -= self.entries.popitem(last=False)[1][1]
 
     def clear(self) -> None:
         with self.lock:
             self.entries.clear()
+            self.bytes = 0
 
 
-DECODED = _LRU(MAX_ENTRIES)
-ENCODED = _LRU(MAX_ENTRIES)
+DECODED = _LRU(MAX_ENTRIES, MAX_BYTES)
+ENCODED = _LRU(MAX_ENTRIES, MAX_BYTES)
 
 
 def clear() -> None:
@@ -91,9 +106,12 @@ def lookup_decoded(data):
     return DECODED.get(bytes(data))
 
 
-def remember_decoded(data, treedef, leaves) -> None:
-    if _enabled and len(data) <= MAX_PAYLOAD:
-        DECODED.put(bytes(data), (treedef, tuple(leaves)))
+def remember_decoded(data, body_size: int, treedef, leaves) -> None:
+    """Memoize the decode of ``data`` (whose flatbuffer body, inflated, is
+    ``body_size`` bytes)."""
+    if _enabled and len(data) <= MAX_PAYLOAD and body_size <= MAX_PAYLOAD:
+        DECODED.put(bytes(data), (treedef, tuple(leaves)),
+                    len(data) + body_size)
 
 
 def encode_key(version, treedef_key, leaves):
@@ -121,4 +139,4 @@ def lookup_encoded(key, leaves):
 
 def remember_encoded(key, leaves, data) -> None:
     if key is not None and len(data) <= MAX_PAYLOAD:
-        ENCODED.put(key, (tuple(leaves), data))
+        ENCODED.put(key, (tuple(leaves), data), len(data))

@@ -225,6 +225,10 @@ def _short(values: tuple) -> str:
 
 _MESH_CACHE: dict = {}
 _CACHE_MAX = 512
+# Meshes whose axis names have up to this many characters in all are cached
+# (a crafted payload may name axes with huge strings; device ids are bounded
+# by the devices the resolver knows).
+CACHED_NAMES_SIZE = 1024
 
 
 def decode_mesh(reader, t, path):
@@ -235,7 +239,8 @@ def decode_mesh(reader, t, path):
     names = _read_axis_names(t, LM.axis_names, path)
     types_ = _read_axis_types(t, LM.axis_types, len(names), path)
     resolver = reader.resolver
-    key = (ids, sizes, names, types_) if resolver.cacheable else None
+    key = (ids, sizes, names, types_) if resolver.cacheable and \
+        sum(map(len, names)) <= CACHED_NAMES_SIZE else None
     if key is not None:
         hit = _MESH_CACHE.get(key)
         if hit is not None:

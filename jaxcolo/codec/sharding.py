@@ -79,6 +79,9 @@ def build_partition_spec(writer, builder, item) -> int:
 
 
 _SPEC_CACHE: dict = {}
+# Specs of up to this many entries and axis-name characters are cached (a
+# crafted payload may hold huge ones: each would stay in the cache).
+_CACHED_SPEC_SIZE = 1024
 
 
 def decode_partition_spec(reader, t, path):
@@ -123,9 +126,11 @@ def decode_partition_spec(reader, t, path):
                  unreduced=frozenset(unreduced))
     except Exception as e:
         raise PayloadError(f"invalid PartitionSpec: {e}", path) from None
-    if len(_SPEC_CACHE) > 1024:
-        _SPEC_CACHE.clear()
-    _SPEC_CACHE[key] = spec
+    if len(entries) + sum(map(len, names)) + sum(map(len, reduced)) + \
+            sum(map(len, unreduced)) <= _CACHED_SPEC_SIZE:
+        if len(_SPEC_CACHE) > 1024:
+            _SPEC_CACHE.clear()
+        _SPEC_CACHE[key] = spec
     return spec
 
 
@@ -180,6 +185,15 @@ def _named_item(writer, s, path):
             0, 0)
 
 
+def _tiles_other_devices(hs, n: int) -> str | None:
+    """Why tiled HLO sharding ``hs`` over ``n`` devices is unusable (JAX
+    asserts the tile count equals the device count), or None."""
+    if hs.is_tiled() and hs.num_devices() != n:
+        return (f"the HLO sharding tiles {hs.num_devices()} devices but its "
+                f"device list has {n}")
+    return None
+
+
 def sharding_item(writer, s, path):
     if isinstance(s, NamedSharding):
         return _named_item(writer, s, path)
@@ -189,6 +203,9 @@ def sharding_item(writer, s, path):
     if isinstance(s, GSPMDSharding):
         dl = intern_device_list(writer, s._devices, path + ".devices")
         hs = intern_hlo_sharding(writer, s._hlo_sharding, path + ".hlo")
+        problem = _tiles_other_devices(s._hlo_sharding, len(s._devices))
+        if problem:  # (a reader refuses it: JAX cannot use it)
+            raise EncodeError(problem, path + ".hlo")
         return (ShardingKind.gspmd, 0, 0, 0, s.memory_kind, dl, hs)
     raise EncodeError(f"unsupported sharding type {type(s).__name__}", path)
 
@@ -244,6 +261,9 @@ def decode_sharding(reader, t, path):
             hs = reader.get("hlo_shardings",
                             t.scalar(LS.hlo_sharding, "u32", 0, path,
                                      "hlo_sharding"), f"{path}.hlo_sharding")
+            problem = _tiles_other_devices(hs, len(dl))
+            if problem:
+                raise PayloadError(problem, f"{path}.hlo_sharding")
             return GSPMDSharding(dl, hs, memory_kind=memory_kind)
     except PayloadError:
         raise

@@ -317,7 +317,7 @@ def decode_spec_tree(data, device_resolver=None, header=None):
     obj = _unflatten(structure, leaves)
     if device_resolver is None and names.foreign_lookups() == foreign and \
             not root.vector_length(L.scopes, 4, "$", "scopes"):
-        memo.remember_decoded(data, structure, leaves)
+        memo.remember_decoded(data, buf.size, structure, leaves)
     return obj
 
 

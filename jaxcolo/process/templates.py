@@ -13,7 +13,8 @@ layout with a new call id, lane and data bytes.
 Contract: a template never changes what is written or read.  ``encode``
 returns exactly the bytes the full encoder writes for the message, and a
 matched decode returns a message equal to what the full decoder returns.
-Both caches are bounded (``MAX_TEMPLATES``) and thread safe.
+Both caches are bounded (``MAX_TEMPLATES`` templates of at most
+``MAX_BODY`` bytes: larger messages are not templated) and thread safe.
 
 This module knows the message layout (``jaxcolo_fb``) but not the message
 codec: ``jaxcolo.process.messages`` passes its full encoder in.
@@ -37,6 +38,7 @@ L = layout(fb, "Message")
 LS = layout(fb, "Shards")
 KINDS = frozenset((MessageKind.call, MessageKind.discover, MessageKind.result))
 MAX_TEMPLATES = 256
+MAX_BODY = 64 * 1024  # bodies (and in-message data) templated at most
 _U64 = struct.Struct("<Q")
 _ZERO8 = bytes(8)
 
@@ -143,6 +145,8 @@ def encode(m, version, encode_full: Callable) -> bytes | None:
     """``m`` encoded through its template (made with ``encode_full`` on
     first use), or None when ``m`` is not templated."""
     if m.kind not in KINDS or not m.call_id:
+        return None
+    if m.shards is not None and len(m.shards.data) > MAX_BODY:
         return None
     key = template_key(m, version)
     if key is None:
@@ -257,7 +261,7 @@ def learn(body, header, m, encode_full: Callable, frame=None,
     nothing else.  ``frame``: the whole payload ``body`` came in, when it
     passed the header checks for ``reader_version`` (for match_frame)."""
     version = header.writer_version
-    if m.kind not in KINDS or not m.call_id or \
+    if m.kind not in KINDS or not m.call_id or len(body) > MAX_BODY or \
             template_key(m, version) is None:
         return
     try:
