@@ -75,13 +75,14 @@ def test_memos_and_caches_keep_no_large_decodes():
     assert len(jaxcolo.serialize(many, compress=False)) > memo.MAX_PAYLOAD
     assert jaxcolo.deserialize(data) == many
     assert not memo.DECODED.entries  # its body is too large to keep
+    assert not memo.ENCODED.entries  # (nor its encode: it holds the leaves)
     small = [jaxcolo.serialize(jax.ShapeDtypeStruct((i, 2), np.float32))
              for i in range(1, 300)]
     for d in small:
         jaxcolo.deserialize(d)
     assert len(memo.DECODED.entries) == 299  # small ones are kept
     held = memo.DECODED.bytes
-    assert held == sum(len(d) for d in small) + sum(
+    assert held == sum(len(d) + memo.LEAF_BYTES for d in small) + sum(
         len(jaxcolo.serialize(jax.ShapeDtypeStruct((i, 2), np.float32),
                               compress=False)) - 16 for i in range(1, 300))
     old_budget = memo.DECODED.max_bytes
@@ -100,6 +101,9 @@ def test_memos_and_caches_keep_no_large_decodes():
     spec = P(*[None] * 5000)
     assert jaxcolo.deserialize(jaxcolo.serialize(spec)) == spec
     assert len(sharding._SPEC_CACHE) in (cached, 0)  # not kept
+    spec = P(("",) * 5000)  # (few characters, many names)
+    assert jaxcolo.deserialize(jaxcolo.serialize(spec)) == spec
+    assert len(sharding._SPEC_CACHE) in (cached, 0)
     spec = P(*[None] * 7)
     assert jaxcolo.deserialize(jaxcolo.serialize(spec)) == spec
     assert sharding._SPEC_CACHE  # small ones are

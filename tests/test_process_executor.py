@@ -792,10 +792,96 @@ def test_a_dropped_executor_finishes_the_calls_its_futures_wait_for(
     gc.collect()
     assert ref() is not None  # the pending future holds it
     np.testing.assert_array_equal(fut.result(timeout=30), np.arange(1, 9))
-    del fut
     gc.collect()
-    assert ref() is None  # and lets it go once done
+    assert ref() is None  # and lets it go once done (still held itself)
     _wait_exited(pids)
+
+
+def test_an_executor_dropped_with_its_pending_futures_is_freed_at_once():
+    """The future holding its executor made a reference cycle (executor,
+    pending call, future, executor): an executor dropped with a call
+    still running (a future dropped, a sync call interrupted) stayed,
+    with its workers, until a cyclic garbage collection."""
+    gc.disable()
+    try:
+        fut, ref, pids = _submitted_and_dropped(None)
+        assert ref() is not None
+        del fut
+        assert ref() is None  # freed by reference counting
+    finally:
+        gc.enable()
+    _wait_exited(pids)
+
+
+def test_a_dropped_executor_stops_the_coordinator_host_last(capfd):
+    """Released without close() (by its finalizer), an executor told host 0
+    (the jax.distributed coordinator) to exit first, as close() did."""
+    ex = jaxcolo.ProcessExecutor(num_hosts=2)
+    assert ok_call(ex) == 42
+    pids = ex.worker_pids()
+    os.kill(pids[1], signal.SIGSTOP)
+    timer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGCONT))
+    timer.start()
+    del ex
+    gc.collect()
+    timer.join()
+    _wait_exited(pids)
+    time.sleep(0.5)
+    assert "Terminating process" not in capfd.readouterr().err
+
+
+_EXIT_AFTER_RESULT = """
+import os, signal, sys
+sys.path[:0] = sys.argv[1:]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, numpy as np, jaxcolo
+
+def slow_plus_one(x):
+    import time
+    time.sleep(0.5)
+    return x + 1
+
+def submit_and_drop():
+    ex = jaxcolo.ProcessExecutor(num_hosts=2)
+    f = jaxcolo.colocated_python(slow_plus_one).specialize(
+        out_specs_fn=lambda x: x)
+    with jaxcolo.use_executor(ex):
+        fut = f.submit(jax.device_put(np.int32(7), jax.devices()[0]))
+    pids = ex.worker_pids()
+    os.kill(pids[1], signal.SIGSTOP)  # slow to exit: the executor's
+    return fut, pids, ex._socket_dir  # release waits, then kills it
+
+fut, pids, socket_dir = submit_and_drop()
+print(int(fut.result(timeout=60)), socket_dir, *pids, flush=True)
+"""
+
+
+def test_a_dropped_executor_cleans_up_before_the_interpreter_exits():
+    """Freed when its last call completed (on a daemon reader thread), a
+    dropped executor removed its socket directory there and released the
+    rest on a daemon thread: interpreter exit cut both short (its socket
+    directory stayed, 2 runs in 8; a worker slow to exit was never
+    stopped)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, "-c", _EXIT_AFTER_RESULT, root,
+             os.path.join(root, "generated")], capture_output=True,
+            text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        value, socket_dir, *pids = out.stdout.split()
+        assert value == "8"
+        try:
+            _wait_exited([int(p) for p in pids])
+        finally:
+            for p in pids:  # (if not)
+                try:
+                    os.kill(int(p), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        assert not os.path.exists(socket_dir)
 
 
 class _Plus:
@@ -1008,6 +1094,19 @@ def test_close_waits_for_hung_workers_together():
     ex.close()
     assert time.monotonic() - t0 < 9
     _wait_exited(pids)
+
+
+def test_a_failed_start_leaves_no_socket_directory():
+    """The socket directory of workers that failed to start was removed
+    only by a finalizer of the half-made executor."""
+    import glob
+    import tempfile
+    pattern = os.path.join(tempfile.gettempdir(), "jaxcolo-*")
+    before = set(glob.glob(pattern))
+    with pytest.raises(jaxcolo.ExecutorError, match="exited with code 2 "
+                       "before listening"):
+        jaxcolo.ProcessExecutor(num_hosts=1, worker_args=("--bogus",))
+    assert set(glob.glob(pattern)) <= before
 
 
 def test_close_wakes_a_stats_request_waiting_for_its_reply():

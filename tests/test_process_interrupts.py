@@ -264,21 +264,25 @@ big = jax.device_put(np.ones(1 << 20, np.float32), jax.devices()[0])
 ex = jaxcolo.ProcessExecutor(num_hosts=1)
 with jaxcolo.use_executor(ex):
     future = slow.submit(big)  # 4 MiB: sent in a shared-memory segment
-    print(ex.worker_pids()[0], flush=True)
+    print(ex.worker_pids()[0], ex._socket_dir, flush=True)
     time.sleep(600)
 """
 
 
 def test_a_killed_controllers_segments_are_removed_by_its_worker():
     """The controller is killed with a shared-memory input in flight: its
-    worker, whose session ends, unlinks the segments it was sent."""
+    worker, whose session ends, unlinks the segments it was sent (and
+    removes the socket directory the controller made for it, which stayed
+    in /tmp)."""
     def segments(pid):
         return [n for n in os.listdir("/dev/shm")
                 if n.startswith(f"jaxcolo-{pid}-")]
     p = subprocess.Popen([sys.executable, "-c", _KILLED_MID_CALL],
                          stdout=subprocess.PIPE, text=True)
     try:
-        worker = int(p.stdout.readline())
+        worker, socket_dir = p.stdout.readline().split()
+        worker = int(worker)
+        assert os.path.isdir(socket_dir)
         deadline = time.monotonic() + 30
         while not segments(p.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -289,6 +293,7 @@ def test_a_killed_controllers_segments_are_removed_by_its_worker():
         p.wait()
     _wait_gone(worker, "the worker outlived its controller")
     assert segments(p.pid) == []
+    assert not os.path.exists(socket_dir)
 
 
 _KILLED_BEFORE_SENDING = r"""

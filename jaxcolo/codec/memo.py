@@ -19,11 +19,12 @@ repeat cheap without changing any result:
   bare PartitionSpec resolves its sharding against it.
 
 Both are bounded -- entries, and bytes: a payload is memoized only if it
-and its flatbuffer body (inflated: a decoded result's size follows the body's,
+and its flatbuffer body (inflated: what an entry holds grows with the body,
 and a small deflated payload can hold a large body) are at most
-``MAX_PAYLOAD``, and each memo keeps at most ``MAX_BYTES`` of those -- and
-thread safe; ``clear()`` empties them, ``set_enabled(False)`` turns them off
-(benchmarks use this to measure the codec itself).
+``MAX_PAYLOAD``, and each memo keeps at most ``MAX_BYTES`` of payload, body
+and per-leaf charges -- and thread safe; ``clear()`` empties them,
+``set_enabled(False)`` turns them off (benchmarks use this to measure the
+codec itself).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from jaxcolo import versions
 
 MAX_ENTRIES = 512
 MAX_PAYLOAD = 64 * 1024  # larger payloads (or bodies) are not memoized
-MAX_BYTES = 4 * 1024 * 1024  # per memo: sizes of the payloads (and bodies)
+MAX_BYTES = 4 * 1024 * 1024  # per memo: payloads, bodies, LEAF_BYTES each
+LEAF_BYTES = 64  # charged per leaf an entry holds (its key's id, the leaf)
 
 _enabled = True
 
@@ -111,7 +113,7 @@ def remember_decoded(data, body_size: int, treedef, leaves) -> None:
     ``body_size`` bytes)."""
     if _enabled and len(data) <= MAX_PAYLOAD and body_size <= MAX_PAYLOAD:
         DECODED.put(bytes(data), (treedef, tuple(leaves)),
-                    len(data) + body_size)
+                    len(data) + body_size + LEAF_BYTES * len(leaves))
 
 
 def encode_key(version, treedef_key, leaves):
@@ -137,6 +139,10 @@ def lookup_encoded(key, leaves):
     return data
 
 
-def remember_encoded(key, leaves, data) -> None:
-    if key is not None and len(data) <= MAX_PAYLOAD:
-        ENCODED.put(key, (tuple(leaves), data), len(data))
+def remember_encoded(key, leaves, data, body_size: int) -> None:
+    """Memoize the encode of ``leaves`` (key ``key``) as ``data``, whose
+    flatbuffer body is ``body_size`` bytes before deflating."""
+    if key is not None and len(data) <= MAX_PAYLOAD and \
+            body_size <= MAX_PAYLOAD:
+        ENCODED.put(key, (tuple(leaves), data),
+                    len(data) + body_size + LEAF_BYTES * len(leaves))

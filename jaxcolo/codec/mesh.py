@@ -225,7 +225,7 @@ def _short(values: tuple) -> str:
 
 _MESH_CACHE: dict = {}
 _CACHE_MAX = 512
-# Meshes whose axis names have up to this many characters in all are cached
+# Meshes with up to this many axis names and characters in all are cached
 # (a crafted payload may name axes with huge strings; device ids are bounded
 # by the devices the resolver knows).
 CACHED_NAMES_SIZE = 1024
@@ -240,7 +240,7 @@ def decode_mesh(reader, t, path):
     types_ = _read_axis_types(t, LM.axis_types, len(names), path)
     resolver = reader.resolver
     key = (ids, sizes, names, types_) if resolver.cacheable and \
-        sum(map(len, names)) <= CACHED_NAMES_SIZE else None
+        len(names) + sum(map(len, names)) <= CACHED_NAMES_SIZE else None
     if key is not None:
         hit = _MESH_CACHE.get(key)
         if hit is not None:

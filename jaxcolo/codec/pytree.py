@@ -104,16 +104,17 @@ def require_features(writer, flat: FlatTree, path: str) -> None:
         writer.require(feature, path)
 
 
-def _keys(keys, path):
+def _keys(keys, where):
+    """(KeyKind, keys) of a dict node at ``where`` (see ``_path``)."""
     if all(type(k) is str for k in keys):
         return KeyKind.str if keys else KeyKind.none, list(keys)
     if all(type(k) is int for k in keys):
         if not all(-2**63 <= k < 2**63 for k in keys):
-            raise EncodeError("int dict keys must fit in int64", path)
+            raise EncodeError("int dict keys must fit in int64", _path(where))
         return KeyKind.int, list(keys)
     raise EncodeError(
         f"dict keys must all be str or all be int to serialize, got "
-        f"{[type(k).__name__ for k in keys]}", path)
+        f"{[type(k).__name__ for k in keys]}", _path(where))
 
 
 class SpecLeafAsNode(EncodeError):
@@ -124,12 +125,17 @@ class SpecLeafAsNode(EncodeError):
 SPEC_LEAF_TYPES: set = set()
 
 
+class _Field(str):
+    """A namedtuple field name as a path step (``.name``, as JAX's keystr
+    writes it; other steps are ``[key]``)."""
+
+
 def _path(where) -> str:
     """The path text of ``where``: a root path, or (parent, child step)."""
     steps = []
     while type(where) is tuple:
         where, step = where
-        steps.append(f"[{step!r}]")
+        steps.append(f".{step}" if type(step) is _Field else f"[{step!r}]")
     return where + "".join(reversed(steps))
 
 
@@ -145,9 +151,8 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
         out.kinds.append(NodeKind.leaf)
         return
     t, aux = nd
-    path = "" if t in _PLAIN else _path(where)  # (these raise nothing)
     if t in SPEC_LEAF_TYPES:
-        raise SpecLeafAsNode(f"{t.__name__} is a spec leaf", path)
+        raise SpecLeafAsNode(f"{t.__name__} is a spec leaf", _path(where))
     children = td.children()
     if t is type(None):
         out.kinds.append(NodeKind.none)
@@ -158,15 +163,15 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
         out.kinds.append(NodeKind.list)
     elif t is dict:
         out.kinds.append(NodeKind.dict)
-        out.node_data.append(("keys", *_keys(aux, path)))
+        out.node_data.append(("keys", *_keys(aux, where)))
     elif t is collections.OrderedDict:
         out.kinds.append(NodeKind.ordered_dict)
-        out.node_data.append(("keys", *_keys(aux, path)))
+        out.node_data.append(("keys", *_keys(aux, where)))
     elif t is collections.defaultdict:
         factory, keys = aux
         out.kinds.append(NodeKind.default_dict)
-        out.node_data.append(("defaultdict", *_keys(keys, path),
-                              factory_name(factory, path)))
+        out.node_data.append(("defaultdict", *_keys(keys, where),
+                              _factory_name(factory, where)))
     elif plain_namedtuple(t):
         reg = jexport.serialization_registry.get(t)
         name = reg[0] if reg is not None else qualified(t)
@@ -175,10 +180,11 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
                 f"namedtuple {name} is not what that name refers to in its "
                 "module (defined inside a function, or shadowed), so no "
                 "reader can find it by name: register it with "
-                "jax.export.register_namedtuple_serialization", path)
+                "jax.export.register_namedtuple_serialization", _path(where))
         out.kinds.append(NodeKind.namedtuple)
         out.node_data.append(("namedtuple", name, list(t._fields)))
-    elif is_namedtuple(t) and (err := custom_namedtuple_error(t, path)):
+    elif is_namedtuple(t) and (
+            err := custom_namedtuple_error(t, _path(where))):
         raise err  # a custom node (not a namedtuple node) we cannot write
     elif t in jexport.serialization_registry:
         name, ser = jexport.serialization_registry[t]
@@ -187,11 +193,11 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
         except Exception as e:
             raise EncodeError(
                 f"auxdata serializer of {t.__name__} ({name!r}) raised {e!r}",
-                path) from e
+                _path(where)) from e
         if not isinstance(blob, (bytes, bytearray)):
             raise EncodeError(
                 f"auxdata serializer of {t.__name__} returned "
-                f"{type(blob).__name__}, expected bytes", path)
+                f"{type(blob).__name__}, expected bytes", _path(where))
         out.kinds.append(NodeKind.custom)
         out.node_data.append(("custom", name, bytes(blob)))
         if is_namedtuple(t):  # rebuilt from pickle state (_make_custom_node)
@@ -201,15 +207,26 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
         raise EncodeError(
             f"cannot serialize a PyTreeDef with node type {t!r}: register it "
             "with jax.export.register_pytree_node_serialization (or "
-            "register_namedtuple_serialization)", path)
+            "register_namedtuple_serialization)", _path(where))
     out.arities.append(len(children))
-    steps = (aux if t is dict or t is collections.OrderedDict else aux[1]
-             if t is collections.defaultdict else range(len(children)))
+    if t is dict or t is collections.OrderedDict:
+        steps = aux
+    elif t is collections.defaultdict:
+        steps = aux[1]
+    elif is_namedtuple(t):
+        steps = map(_Field, t._fields)
+    else:
+        steps = range(len(children))
     for step, c in zip(steps, children):
         _flatten_node(c, out, (where, step), depth + 1)
 
 
-_PLAIN = frozenset({type(None), tuple, list})
+def _factory_name(factory, where) -> str:
+    """factory_name, its error (if any) naming the path of ``where``."""
+    try:
+        return factory_name(factory, "$")
+    except EncodeError as e:
+        raise e.under(_path(where)) from None
 
 
 _FLAT_CACHE: dict = {}

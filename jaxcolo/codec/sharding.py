@@ -79,9 +79,13 @@ def build_partition_spec(writer, builder, item) -> int:
 
 
 _SPEC_CACHE: dict = {}
-# Specs of up to this many entries and axis-name characters are cached (a
-# crafted payload may hold huge ones: each would stay in the cache).
+# Specs of up to this many entries, axis names and their characters are
+# cached (a payload may hold huge ones: each would stay in the cache).
 _CACHED_SPEC_SIZE = 1024
+
+
+def _names_size(names) -> int:
+    return len(names) + sum(map(len, names))
 
 
 def decode_partition_spec(reader, t, path):
@@ -126,8 +130,8 @@ def decode_partition_spec(reader, t, path):
                  unreduced=frozenset(unreduced))
     except Exception as e:
         raise PayloadError(f"invalid PartitionSpec: {e}", path) from None
-    if len(entries) + sum(map(len, names)) + sum(map(len, reduced)) + \
-            sum(map(len, unreduced)) <= _CACHED_SPEC_SIZE:
+    if len(entries) + _names_size(names) + _names_size(reduced) + \
+            _names_size(unreduced) <= _CACHED_SPEC_SIZE:
         if len(_SPEC_CACHE) > 1024:
             _SPEC_CACHE.clear()
         _SPEC_CACHE[key] = spec

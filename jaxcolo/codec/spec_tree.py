@@ -255,7 +255,7 @@ def encode_spec_tree(obj, version: int | None = None,
         _check_copy_budget(writer, flat, len(body))
     data = envelope.seal(body, RootKind.spec_tree, version,
                          writer.min_reader, compress)
-    memo.remember_encoded(key, leaves, data)
+    memo.remember_encoded(key, leaves, data, len(body))
     return data
 
 

@@ -34,7 +34,7 @@ _FB_TO_AXIS = {v: k for k, v in _AXIS_TO_FB.items()}
 P = jps.PartitionSpec
 MAX_MESH_DEVICES = 1 << 24
 _CACHE_MAX = 512
-CACHED_NAMES_SIZE = 1024  # axis-name characters of a mesh that is cached
+CACHED_NAMES_SIZE = 1024  # axis names and characters of a cached mesh
 
 
 def _strings(builder, items) -> int:
@@ -163,7 +163,7 @@ def decode_abstract_mesh(t, path):
                                   abstract_device=dev)
     except Exception as e:
         raise PayloadError(f"invalid abstract mesh: {e}", path) from None
-    if sum(map(len, names)) <= CACHED_NAMES_SIZE:  # (huge names: not kept)
+    if len(names) + sum(map(len, names)) <= CACHED_NAMES_SIZE:  # not huge
         if len(_MESHES) >= _CACHE_MAX:
             _MESHES.clear()
         _MESHES[key] = mesh

@@ -65,7 +65,8 @@ from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
 from jaxcolo.process.lane_order import LaneOrder
 from jaxcolo.process import launch, lifetime
-from jaxcolo.process.results import Call, Plan, executor_thread
+from jaxcolo.process.results import Call, Plan, executor_thread, \
+    held_future
 from jaxcolo.process.sending import CallSending
 from jaxcolo.transport import blobs, interrupts
 
@@ -73,9 +74,6 @@ _LANE_MASK = (1 << 63) - 1
 # close() waits up to this long for multi-host calls that failed on some
 # host to be done on the others and resumed (running workers).
 CLOSE_SETTLE_TIMEOUT = 5.0
-# close() gives the workers it started this long to exit (together) after
-# their shutdown message; then they are killed.
-WORKER_EXIT_WAIT = 5.0
 
 
 def _seconds(value, what: str) -> float:
@@ -156,12 +154,16 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         self._worker_env = launch.worker_env() if num_hosts else None
         if local_transport not in ("unix", "tcp"):
             raise ValueError("local_transport is 'unix' or 'tcp'")
+        if num_hosts is not None and (num_hosts < 1 or
+                                      len(self._devices) % num_hosts):
+            raise ValueError(f"{len(self._devices)} devices do not split "
+                             f"into {num_hosts} hosts")
         self._socket_dir = None
         if num_hosts is not None and local_transport == "unix":
             self._socket_dir = tempfile.mkdtemp(prefix="jaxcolo-")
             # removed at close(), or at exit for an executor never closed
-            self._remove_socket_dir = weakref.finalize(
-                self, shutil.rmtree, self._socket_dir, True)
+            self._remove_socket_dir = lifetime.once(
+                shutil.rmtree, self._socket_dir, True)
         self._lock = threading.RLock()
         self._ordered_lock = threading.Lock()
         self._ready = threading.Event()
@@ -184,14 +186,16 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         self._links: list = []
         self._owned = lifetime.Owned()  # for a finalizer, if never closed
         if num_hosts is not None:
-            if num_hosts < 1 or len(self._devices) % num_hosts:
-                raise ValueError(f"{len(self._devices)} devices do not split "
-                                 f"into {num_hosts} hosts")
             n = len(self._devices) // num_hosts
             self._device_map = [[d.id for d in self._devices[i * n:(i + 1) * n]]
                                 for i in range(num_hosts)]
             self._addresses = None
-            self._start_local()
+            try:
+                self._start_local()
+            except BaseException:
+                if self._socket_dir is not None:
+                    self._remove_socket_dir()
+                raise
         else:
             self._device_map = None
             self._addresses = list(addresses)
@@ -276,7 +280,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         call = self._start(program, args, lane, False, checked)
         for _, link in call.links:
             link.kick()  # nobody waits: the links' background readers read
-        return call.future
+        return held_future(call.future, self)
 
     def discover(self, program, args: Sequence, *,
                  lane: Hashable) -> tuple[list, bytes]:
@@ -390,7 +394,6 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         lane_id = self._lane(lane)
         call = Call(plan, discover, remote_errors.exception_from_reply)
         call.program = program
-        call.future.keep = self  # a dropped executor finishes its calls
         if len(plan.hosts) > 1:  # (Future's own method: inline, any thread;
             settle = lifetime.weak(self._check_settled)  # no cycle through
             ref = weakref.ref(call)                      # the call)
@@ -470,23 +473,6 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
             self._watch_stragglers(call)
 
     # ------------------------------------------------------------- close
-    def _shut_down_hosts(self) -> None:
-        """Tell every host to exit, and wait for the workers started here.
-        Host 0 runs the jax.distributed coordinator of a local cluster:
-        it goes last, once the others have exited (a worker still up when
-        the coordinator vanished logged a fatal error and aborted)."""
-        links, workers = list(self._links), list(self._workers)
-        if len(workers) != len(links) or len(links) < 2:
-            groups = [(links, workers)]
-        else:
-            groups = [(links[1:], workers[1:]), (links[:1], workers[:1])]
-        for group_links, group_workers in groups:
-            for link in group_links:
-                link.close(shutdown=True)
-            deadline = time.monotonic() + WORKER_EXIT_WAIT  # all at once:
-            for w in group_workers:  # then the ones still up are killed
-                w.stop(max(0.0, deadline - time.monotonic()))
-
     def close(self) -> None:
         if not self._closed:
             self._settle_holds(CLOSE_SETTLE_TIMEOUT)
@@ -508,7 +494,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         self._ready.wait(self._start_timeout)
         self._destroys.close()
         self._deadlines.close()
-        self._shut_down_hosts()
+        lifetime.shut_down_hosts(self._links, self._workers)
         if self._socket_dir is not None:
             self._remove_socket_dir()
         token, self._sigint = getattr(self, "_sigint", None), None

@@ -333,8 +333,8 @@ class HostLink:
         with self._lost_lock:
             if self._lost:
                 return
+            self.loss_reason = reason  # (before it is seen lost)
             self._lost = True
-            self.loss_reason = reason
         self._teardown()
         with executor_thread():
             self._on_lost(self, reason)
@@ -377,6 +377,8 @@ class HostLink:
             except ExecutorError:
                 pass
         with self._lost_lock:
+            if not self._lost:
+                self.loss_reason = "the executor closed its connection"
             self._lost = True
         self.channel.close()
         self._released.put(None)

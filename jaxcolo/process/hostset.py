@@ -63,7 +63,7 @@ class HostSet:
         except BaseException:
             for link in links:
                 link.close(shutdown=False)
-            for w in workers:
+            for w in reversed(workers):  # host 0, the coordinator, last
                 w.kill()
             raise
 

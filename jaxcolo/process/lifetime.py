@@ -13,6 +13,8 @@ finalizer runs at interpreter exit for an executor still open then.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import weakref
 
 log = logging.getLogger("jaxcolo.executor")
@@ -42,16 +44,57 @@ class Owned:
         self.deadlines = self.destroys = self.sigint = self.socket_dir = None
 
 
+# Started workers get this long to exit (together) after their shutdown
+# message; then they are killed.
+WORKER_EXIT_WAIT = 5.0
+
+
+def shut_down_hosts(links, workers) -> None:
+    """Tell every host to exit, and wait for the workers started here.
+    Host 0 runs the jax.distributed coordinator of a local cluster: it
+    goes last, once the others have exited (a worker still up when the
+    coordinator vanished logged a fatal error and aborted)."""
+    links, workers = list(links), list(workers)
+    if len(workers) != len(links) or len(links) < 2:
+        groups = [(links, workers)]
+    else:
+        groups = [(links[1:], workers[1:]), (links[:1], workers[:1])]
+    for group_links, group_workers in groups:
+        for link in group_links:
+            link.close(shutdown=True)
+        deadline = time.monotonic() + WORKER_EXIT_WAIT  # all at once:
+        for w in group_workers:  # then the ones still up are killed
+            w.stop(max(0.0, deadline - time.monotonic()))
+
+
+def once(fn, *args):
+    """``fn(*args)`` as a callable that runs it at most once (thread safe)."""
+    lock = threading.Lock()
+    pending = [True]
+
+    def call() -> None:
+        with lock:
+            if not pending[0]:
+                return
+            pending[0] = False
+        fn(*args)
+    return call
+
+
 def release(owned: Owned) -> None:
     """The finalizer: ``release_now`` on the main thread (at interpreter
     exit, say), else on a thread of its own -- a collection may run on one
-    of the executor's threads while it holds a lock the shutdown needs."""
-    import threading
+    of the executor's threads while it holds a lock the shutdown needs.
+    That thread is not a daemon (the executor's last pending call may
+    complete on a daemon reader thread): interpreter exit waits for it."""
     if threading.current_thread() is threading.main_thread():
         release_now(owned)
-    else:
-        threading.Thread(target=release_now, args=(owned,),
+        return
+    try:
+        threading.Thread(target=release_now, args=(owned,), daemon=False,
                          name="jaxcolo-release").start()
+    except RuntimeError:  # no new threads (interpreter shutting down)
+        release_now(owned)
 
 
 def release_now(owned: Owned) -> None:
@@ -59,9 +102,7 @@ def release_now(owned: Owned) -> None:
     from jaxcolo.transport import interrupts
     steps = [getattr(owned.destroys, "close", None),
              getattr(owned.deadlines, "close", None)]
-    steps += [lambda link=link: link.close(shutdown=True)
-              for link in owned.links]
-    steps += [w.stop for w in owned.workers]
+    steps += [lambda: shut_down_hosts(owned.links, owned.workers)]
     steps += [owned.socket_dir, lambda: interrupts.uninstall(owned.sigint)]
     for step in steps:
         if step is None:

@@ -190,12 +190,32 @@ def start_jax(args, local: int, blocks: list):
     return blocks[args.host_index]
 
 
-def _watch_parent(pid: int) -> None:
+def _watch_parent(pid: int, listen: str) -> None:
     while True:
         time.sleep(0.5)
         if os.getppid() != pid:
             _remove_dead_parents_segments(pid, 0)
+            _remove_dead_parents_socket_dir(listen, unlink=True)
             os._exit(3)
+
+
+def _remove_dead_parents_socket_dir(listen: str, unlink: bool) -> None:
+    """A controller that started its workers on Unix sockets in a
+    directory of its own (``jaxcolo-*``) and died cannot remove it: each
+    worker removes its socket (``unlink``: not removed by its listener),
+    and the last one the directory (only an empty one is removed)."""
+    if not listen.startswith("unix:"):
+        return
+    path = listen[len("unix:"):]
+    directory = os.path.dirname(path)
+    if not os.path.basename(directory).startswith("jaxcolo-"):
+        return
+    try:
+        if unlink and stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+        os.rmdir(directory)
+    except OSError:
+        pass  # not empty (another host's socket), or gone already
 
 
 def _remove_dead_parents_segments(pid: int, wait: float) -> None:
@@ -218,7 +238,8 @@ def run(args) -> int:
         format=f"jaxcolo worker h{args.host_index} pid {os.getpid()}: "
                "%(levelname)s %(message)s")
     if args.parent_pid:
-        threading.Thread(target=_watch_parent, args=(args.parent_pid,),
+        threading.Thread(target=_watch_parent,
+                         args=(args.parent_pid, args.listen),
                          daemon=True).start()
         # Ctrl-C in the controller's terminal reaches its whole process
         # group: it interrupts the controller's call, never its workers
@@ -310,6 +331,8 @@ def run(args) -> int:
     except KeyboardInterrupt:
         pass
     listener.close()
+    if args.parent_pid and os.getppid() != args.parent_pid:
+        _remove_dead_parents_socket_dir(args.listen, unlink=False)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no atexit: a jax.distributed shutdown would wait for peers

@@ -160,10 +160,12 @@ def encode(m, version, encode_full: Callable) -> bytes | None:
             probe.shards = dataclasses.replace(
                 m.shards, data=bytes(len(m.shards.data)))
         data = encode_full(probe, version)
+        t = _Template(data[envelope.HEADER_SIZE:], (version, since), None)
+        if len(t.body) > MAX_BODY:  # (many shard columns): not kept
+            return t.fill(m)
         if len(_ENCODE) >= MAX_TEMPLATES:
             _ENCODE.clear()
-        t = _ENCODE[key] = _Template(data[envelope.HEADER_SIZE:],
-                                     (version, since), None)
+        _ENCODE[key] = t
     return t.fill(m)
 
 
