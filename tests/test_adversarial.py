@@ -114,6 +114,25 @@ def test_memos_and_caches_keep_no_large_decodes():
     assert set(map(id, mesh_codec._MESH_CACHE.values())) <= before
 
 
+_Wide = collections.namedtuple("_Wide", ["a"])  # one field, two children
+jax.tree_util.register_pytree_node(
+    _Wide, lambda w: ((w.a, w.a), None), lambda aux, ch: _Wide(ch[0]))
+export.register_pytree_node_serialization(
+    _Wide, serialized_name="tests.test_adversarial._Wide",
+    serialize_auxdata=lambda aux: b"", deserialize_auxdata=lambda b: None)
+
+
+def test_a_custom_namedtuple_node_with_more_children_than_fields():
+    """Naming a namedtuple's children by its fields (for error paths)
+    zipped them with the fields: a custom node flattening one field into
+    two children lost the second, and the payload did not read back."""
+    x = _leaf()
+    tree = {"k": _Wide(x), "z": x}
+    back = jaxcolo.deserialize(jaxcolo.serialize(tree))
+    assert jax.tree_util.tree_structure(back) == \
+        jax.tree_util.tree_structure(tree)
+
+
 def test_gspmd_sharding_tiling_other_devices_is_refused():
     """GSPMDSharding(8 devices, 16 tiles) was written and read back; JAX
     then failed on it with a bare AssertionError (devices_indices_map,

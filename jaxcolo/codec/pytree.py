@@ -213,7 +213,7 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
         steps = aux
     elif t is collections.defaultdict:
         steps = aux[1]
-    elif is_namedtuple(t):
+    elif plain_namedtuple(t) and len(t._fields) == len(children):
         steps = map(_Field, t._fields)
     else:
         steps = range(len(children))

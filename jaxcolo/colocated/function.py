@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import threading
 import time
-import weakref
 from concurrent.futures import CancelledError, Future
 from typing import Any, Callable
 
@@ -444,14 +443,8 @@ def _chain(inner: Future, out_treedef) -> Future:
     plain Future method, so it runs inline wherever ``inner`` completes."""
     outer = type(inner)()
     outer.set_running_or_notify_cancel()
-    if hasattr(outer, "keep"):  # an executor's future that holds what it
-        outer.keep = inner      # needs until done: outer holds inner, and
-    ref = weakref.ref(outer)    # inner reaches outer weakly (no cycle)
 
     def done(f: Future) -> None:
-        outer = ref()
-        if outer is None:  # dropped: nobody waits for it
-            return
         if f.cancelled():
             outer.set_exception(CancelledError())
             return

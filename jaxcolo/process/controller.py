@@ -65,8 +65,7 @@ from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
 from jaxcolo.process.lane_order import LaneOrder
 from jaxcolo.process import launch, lifetime
-from jaxcolo.process.results import Call, Plan, executor_thread, \
-    held_future
+from jaxcolo.process.results import Call, Plan, executor_thread
 from jaxcolo.process.sending import CallSending
 from jaxcolo.transport import blobs, interrupts
 
@@ -159,11 +158,15 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
             raise ValueError(f"{len(self._devices)} devices do not split "
                              f"into {num_hosts} hosts")
         self._socket_dir = None
+        # what a finalizer releases if this executor is never closed (from
+        # here on: an __init__ failing later releases what it made)
+        owned = self._owned = lifetime.Owned()
         if num_hosts is not None and local_transport == "unix":
             self._socket_dir = tempfile.mkdtemp(prefix="jaxcolo-")
-            # removed at close(), or at exit for an executor never closed
-            self._remove_socket_dir = lifetime.once(
+            # removed at close(), or by the finalizer
+            self._remove_socket_dir = owned.socket_dir = lifetime.once(
                 shutil.rmtree, self._socket_dir, True)
+        self._release = weakref.finalize(self, lifetime.release, owned)
         self._lock = threading.RLock()
         self._ordered_lock = threading.Lock()
         self._ready = threading.Event()
@@ -184,7 +187,6 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
                        "restarts": 0, "lost": 0, "timeouts": 0}
         self._workers: list = []
         self._links: list = []
-        self._owned = lifetime.Owned()  # for a finalizer, if never closed
         if num_hosts is not None:
             n = len(self._devices) // num_hosts
             self._device_map = [[d.id for d in self._devices[i * n:(i + 1) * n]]
@@ -209,12 +211,8 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         self._lane_order = LaneOrder(lifetime.weak(self._dispatch))
         # Ctrl-C waits until the main thread is between messages
         self._sigint = interrupts.install()
-        owned = self._owned
         owned.deadlines, owned.destroys = self._deadlines, self._destroys
         owned.sigint = self._sigint
-        if self._socket_dir is not None:
-            owned.socket_dir = self._remove_socket_dir
-        self._release = weakref.finalize(self, lifetime.release, owned)
         lost = self._set_ready_unless_lost()
         if lost:
             self._ready.set()
@@ -280,7 +278,8 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         call = self._start(program, args, lane, False, checked)
         for _, link in call.links:
             link.kick()  # nobody waits: the links' background readers read
-        return held_future(call.future, self)
+        lifetime.hold_until_done(self, call.future)
+        return call.future
 
     def discover(self, program, args: Sequence, *,
                  lane: Hashable) -> tuple[list, bytes]:

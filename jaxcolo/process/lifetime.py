@@ -5,8 +5,8 @@ deadline and destroy threads) call back into it through :func:`weak`
 references only, so an executor nobody holds any more is collected; then
 :func:`release` -- a ``weakref.finalize`` of the executor, which holds the
 executor's resources but not the executor -- shuts its workers and threads
-down, as ``close()`` would (calls in flight cannot exist: their futures
-hold the executor until they are done, ``CallFuture.keep``).  The same
+down, as ``close()`` would (submitted calls in flight cannot exist: they
+hold the executor until they are done, :func:`hold_until_done`).  The same
 finalizer runs at interpreter exit for an executor still open then.
 """
 
@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 
 log = logging.getLogger("jaxcolo.executor")
 
@@ -79,6 +80,35 @@ def once(fn, *args):
             pending[0] = False
         fn(*args)
     return call
+
+
+# Executors with submitted calls in flight: id -> [executor, calls].  A
+# root, not a cycle: an executor its user dropped finishes the calls
+# submitted to it (as a ThreadPoolExecutor does), then is freed.
+_SUBMITTED: dict = {}
+_SUBMITTED_LOCK = threading.Lock()
+
+
+def hold_until_done(executor, future) -> None:
+    """Keep ``executor`` alive until ``future`` (of a call submitted to it)
+    is done."""
+    key = id(executor)
+    with _SUBMITTED_LOCK:
+        entry = _SUBMITTED.get(key)
+        if entry is None:
+            _SUBMITTED[key] = [executor, 1]
+        else:
+            entry[1] += 1
+
+    def done(_) -> None:
+        with _SUBMITTED_LOCK:
+            entry = _SUBMITTED[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _SUBMITTED[key]
+        # (the executor may be freed here, when entry goes: not under the
+        # lock, which its release may need)
+    Future.add_done_callback(future, done)  # inline, wherever it completes
 
 
 def release(owned: Owned) -> None:

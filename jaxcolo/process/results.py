@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from concurrent.futures import Future
 
 import jax
@@ -80,9 +79,6 @@ class CallFuture(Future):
         self._callbacks: list = []
         self._callbacks_lock = threading.Lock()
         self._fired = False
-        # kept alive until done (see held_future): the executor, or the
-        # future this one is chained to
-        self.keep = None
 
     def add_done_callback(self, fn) -> None:
         with self._callbacks_lock:
@@ -105,7 +101,6 @@ class CallFuture(Future):
         with self._callbacks_lock:
             self._fired = True
             callbacks, self._callbacks = self._callbacks, []
-        self.keep = None  # (its last reference may go: it is collected)
         if not callbacks:
             return
         if getattr(_thread, "internal", False):
@@ -118,30 +113,6 @@ class CallFuture(Future):
                 log.warning("no thread for a future's callbacks; running "
                             "them on %s", threading.current_thread().name)
         _run_callbacks(callbacks, self)
-
-
-def held_future(inner: Future, keep) -> CallFuture:
-    """A future of ``inner``'s outcome that holds ``keep`` (the executor)
-    until it is done.  ``inner`` (which the executor holds while the call
-    is in flight) reaches it only weakly: no reference cycle runs through
-    the executor, so one dropped with its futures is freed at once, and
-    one dropped while its user still waits finishes the call first."""
-    outer = CallFuture()
-    outer.set_running_or_notify_cancel()
-    outer.keep = keep
-    ref = weakref.ref(outer)
-
-    def done(f: Future) -> None:
-        o = ref()
-        if o is None:
-            return
-        e = f.exception()
-        if e is not None:
-            o.set_exception(e)
-        else:
-            o.set_result(f.result())
-    Future.add_done_callback(inner, done)  # (inline, wherever it completes)
-    return outer
 
 
 class Plan:
