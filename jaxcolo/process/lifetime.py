@@ -7,7 +7,9 @@ references only, so an executor nobody holds any more is collected; then
 executor's resources but not the executor -- shuts its workers and threads
 down, as ``close()`` would (submitted calls in flight cannot exist: they
 hold the executor until they are done, :func:`hold_until_done`).  The same
-finalizer runs at interpreter exit for an executor still open then.
+finalizer runs at interpreter exit for an executor still open then.  The
+shutdown steps ``close()`` shares with it live here too
+(:func:`shut_down_hosts`, :func:`once`).
 """
 
 from __future__ import annotations
