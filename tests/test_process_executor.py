@@ -857,7 +857,7 @@ def test_a_dropped_executor_stops_the_coordinator_host_last(capfd):
 
 
 _EXIT_AFTER_RESULT = """
-import os, signal, sys
+import os, sys
 sys.path[:0] = sys.argv[1:]
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import jax, numpy as np, jaxcolo
@@ -873,9 +873,7 @@ def submit_and_drop():
         out_specs_fn=lambda x: x)
     with jaxcolo.use_executor(ex):
         fut = f.submit(jax.device_put(np.int32(7), jax.devices()[0]))
-    pids = ex.worker_pids()
-    os.kill(pids[1], signal.SIGSTOP)  # slow to exit: the executor's
-    return fut, pids, ex._socket_dir  # release waits, then kills it
+    return fut, ex.worker_pids(), ex._socket_dir
 
 fut, pids, socket_dir = submit_and_drop()
 print(int(fut.result(timeout=60)), socket_dir, *pids, flush=True)
@@ -886,8 +884,7 @@ def test_a_dropped_executor_cleans_up_before_the_interpreter_exits():
     """Freed when its last call completed (on a daemon reader thread), a
     dropped executor removed its socket directory there and released the
     rest on a daemon thread: interpreter exit cut both short (its socket
-    directory stayed, 2 runs in 8; a worker slow to exit was never
-    stopped)."""
+    directory stayed, 2 runs in 8)."""
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

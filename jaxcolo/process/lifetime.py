@@ -14,6 +14,7 @@ shutdown steps ``close()`` shares with it live here too
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -122,11 +123,39 @@ def release(owned: Owned) -> None:
     if threading.current_thread() is threading.main_thread():
         release_now(owned)
         return
+    thread = threading.Thread(target=release_now, args=(owned,),
+                              daemon=False, name="jaxcolo-release")
     try:
-        threading.Thread(target=release_now, args=(owned,), daemon=False,
-                         name="jaxcolo-release").start()
+        thread.start()
     except RuntimeError:  # no new threads (interpreter shutting down)
         release_now(owned)
+        return
+    with _SUBMITTED_LOCK:
+        _RELEASING[:] = [t for t in _RELEASING if t.is_alive()] + [thread]
+
+
+_RELEASING: list = []  # release threads started (joined at exit)
+
+
+def _release_at_exit() -> None:
+    """At interpreter exit, on the main thread: release the executors held
+    only for their submitted calls (freed later, on a daemon reader
+    thread, their release would start after exit stopped waiting for
+    threads, and be cut short), and wait for releases under way."""
+    with _SUBMITTED_LOCK:
+        held = [entry[0] for entry in _SUBMITTED.values()]
+    for executor in held:
+        finalizer = getattr(executor, "_release", None)
+        if finalizer is not None:
+            finalizer()  # (once: a finalizer that ran is dead)
+    del held
+    with _SUBMITTED_LOCK:
+        threads = list(_RELEASING)
+    for thread in threads:
+        thread.join(30)
+
+
+atexit.register(_release_at_exit)
 
 
 def release_now(owned: Owned) -> None:
