@@ -100,6 +100,11 @@ def clear() -> None:
     ENCODED.clear()
 
 
+def _charge(data, body_size: int, leaves) -> int:
+    """The bytes an entry counts against ``MAX_BYTES``."""
+    return len(data) + body_size + LEAF_BYTES * len(leaves)
+
+
 def lookup_decoded(data):
     """The memoized (treedef, leaves) of payload ``data``, or None (also
     while versions.noting_used: the body must be read to be noted)."""
@@ -113,7 +118,7 @@ def remember_decoded(data, body_size: int, treedef, leaves) -> None:
     ``body_size`` bytes)."""
     if _enabled and len(data) <= MAX_PAYLOAD and body_size <= MAX_PAYLOAD:
         DECODED.put(bytes(data), (treedef, tuple(leaves)),
-                    len(data) + body_size + LEAF_BYTES * len(leaves))
+                    _charge(data, body_size, leaves))
 
 
 def encode_key(version, treedef_key, leaves):
@@ -145,4 +150,4 @@ def remember_encoded(key, leaves, data, body_size: int) -> None:
     if key is not None and len(data) <= MAX_PAYLOAD and \
             body_size <= MAX_PAYLOAD:
         ENCODED.put(key, (tuple(leaves), data),
-                    len(data) + body_size + LEAF_BYTES * len(leaves))
+                    _charge(data, body_size, leaves))

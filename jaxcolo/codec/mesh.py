@@ -231,6 +231,12 @@ _CACHE_MAX = 512
 CACHED_NAMES_SIZE = 1024
 
 
+def names_size(names) -> int:
+    """What a cache keyed on ``names`` holds of them: names and characters
+    (the size that decides whether decoders cache a mesh or spec)."""
+    return len(names) + sum(map(len, names))
+
+
 def decode_mesh(reader, t, path):
     ids = t.ints(LM.device_ids, "u32", path, "device_ids")
     sizes = t.ints(LM.axis_sizes, "u32", path, "axis_sizes")
@@ -240,7 +246,7 @@ def decode_mesh(reader, t, path):
     types_ = _read_axis_types(t, LM.axis_types, len(names), path)
     resolver = reader.resolver
     key = (ids, sizes, names, types_) if resolver.cacheable and \
-        len(names) + sum(map(len, names)) <= CACHED_NAMES_SIZE else None
+        names_size(names) <= CACHED_NAMES_SIZE else None
     if key is not None:
         hit = _MESH_CACHE.get(key)
         if hit is not None:

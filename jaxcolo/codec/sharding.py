@@ -21,7 +21,7 @@ from jaxcolo_fb import SpecEntry
 from jaxcolo.codec import opsharding
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.mesh import intern_abstract_mesh, intern_device_list, \
-    intern_mesh
+    intern_mesh, names_size
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import string_vector
 from jaxcolo.wire import layout
@@ -84,10 +84,6 @@ _SPEC_CACHE: dict = {}
 _CACHED_SPEC_SIZE = 1024
 
 
-def _names_size(names) -> int:
-    return len(names) + sum(map(len, names))
-
-
 def decode_partition_spec(reader, t, path):
     entries = t.bytes(LP.entries, path, "entries") or b""
     counts = t.ints(LP.axes_counts, "u32", path, "axes_counts")
@@ -130,8 +126,8 @@ def decode_partition_spec(reader, t, path):
                  unreduced=frozenset(unreduced))
     except Exception as e:
         raise PayloadError(f"invalid PartitionSpec: {e}", path) from None
-    if len(entries) + _names_size(names) + _names_size(reduced) + \
-            _names_size(unreduced) <= _CACHED_SPEC_SIZE:
+    if len(entries) + names_size(names) + names_size(reduced) + \
+            names_size(unreduced) <= _CACHED_SPEC_SIZE:
         if len(_SPEC_CACHE) > 1024:
             _SPEC_CACHE.clear()
         _SPEC_CACHE[key] = spec

@@ -21,7 +21,7 @@ from jax._src.lib import xla_client as xc
 
 import jaxcolo_jax_export_fb as fb
 from jaxcolo.codec import opsharding
-from jaxcolo.codec.mesh import MAX_MESH_AXES
+from jaxcolo.codec.mesh import CACHED_NAMES_SIZE, MAX_MESH_AXES, names_size
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.export.layouts import DEVICE as LD, MESH as LM, NAMED as LN, \
     SHARDING as LS, SPEC as LP, SPEC_AXIS as LA
@@ -34,7 +34,6 @@ _FB_TO_AXIS = {v: k for k, v in _AXIS_TO_FB.items()}
 P = jps.PartitionSpec
 MAX_MESH_DEVICES = 1 << 24
 _CACHE_MAX = 512
-CACHED_NAMES_SIZE = 1024  # axis names and characters of a cached mesh
 
 
 def _strings(builder, items) -> int:
@@ -163,7 +162,7 @@ def decode_abstract_mesh(t, path):
                                   abstract_device=dev)
     except Exception as e:
         raise PayloadError(f"invalid abstract mesh: {e}", path) from None
-    if len(names) + sum(map(len, names)) <= CACHED_NAMES_SIZE:  # not huge
+    if names_size(names) <= CACHED_NAMES_SIZE:  # (huge names: not kept)
         if len(_MESHES) >= _CACHE_MAX:
             _MESHES.clear()
         _MESHES[key] = mesh
