@@ -166,7 +166,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
             # removed at close(), or by the finalizer
             self._remove_socket_dir = owned.socket_dir = lifetime.once(
                 shutil.rmtree, self._socket_dir, True)
-        self._release = weakref.finalize(self, lifetime.release, owned)
+        self._release = lifetime.finalizer(self, owned)
         self._lock = threading.RLock()
         self._ordered_lock = threading.Lock()
         self._ready = threading.Event()
@@ -482,7 +482,8 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
             pending, self._pending = self._pending, {}
             release = getattr(self, "_release", None)
             if release is not None:
-                release.detach()  # released here, not by the finalizer
+                # released here, not by the finalizer
+                lifetime.detach(release, self._owned)
         for call, h, link in pending.values():
             call.fail(ExecutorError(
                 f"ProcessExecutor closed while this call was in flight on "

@@ -6,8 +6,9 @@ references only, so an executor nobody holds any more is collected; then
 :func:`release` -- a ``weakref.finalize`` of the executor, which holds the
 executor's resources but not the executor -- shuts its workers and threads
 down, as ``close()`` would (submitted calls in flight cannot exist: they
-hold the executor until they are done, :func:`hold_until_done`).  The same
-finalizer runs at interpreter exit for an executor still open then.  The
+hold the executor until they are done, :func:`hold_until_done`).  At
+interpreter exit, :func:`_release_at_exit` releases every executor not yet
+released, on the main thread.  The
 shutdown steps ``close()`` shares with it live here too
 (:func:`shut_down_hosts`, :func:`once`).
 """
@@ -114,43 +115,70 @@ def hold_until_done(executor, future) -> None:
     Future.add_done_callback(future, done)  # inline, wherever it completes
 
 
+# Executors not yet released (nor closed): id(owned) -> (finalizer, owned).
+# Taking an entry out, under the lock, is what claims a release: the
+# finalizer, close() or the exit hook, whichever comes first.
+_LIVE: dict = {}
+_LIVE_LOCK = threading.Lock()
+_RELEASING: list = []  # release threads started (joined at exit)
+
+
+def finalizer(executor, owned: Owned) -> weakref.finalize:
+    """The finalizer releasing ``owned`` once ``executor`` is collected,
+    or at interpreter exit (:func:`_release_at_exit`) if it is not."""
+    fin = weakref.finalize(executor, release, owned)
+    with _LIVE_LOCK:
+        _LIVE[id(owned)] = (fin, owned)
+    return fin
+
+
+def detach(fin: weakref.finalize, owned: Owned) -> None:
+    """``executor.close()`` releases ``owned`` itself: the finalizer will
+    not."""
+    fin.detach()
+    with _LIVE_LOCK:
+        _LIVE.pop(id(owned), None)
+
+
 def release(owned: Owned) -> None:
     """The finalizer: ``release_now`` on the main thread (at interpreter
     exit, say), else on a thread of its own -- a collection may run on one
     of the executor's threads while it holds a lock the shutdown needs.
     That thread is not a daemon (the executor's last pending call may
-    complete on a daemon reader thread): interpreter exit waits for it."""
-    if threading.current_thread() is threading.main_thread():
-        release_now(owned)
-        return
-    thread = threading.Thread(target=release_now, args=(owned,),
-                              daemon=False, name="jaxcolo-release")
-    try:
-        thread.start()
-    except RuntimeError:  # no new threads (interpreter shutting down)
-        release_now(owned)
-        return
-    with _SUBMITTED_LOCK:
-        _RELEASING[:] = [t for t in _RELEASING if t.is_alive()] + [thread]
-
-
-_RELEASING: list = []  # release threads started (joined at exit)
+    complete on a daemon reader thread) and the exit hook joins it; a
+    release the exit hook claimed first is left to it."""
+    main = threading.current_thread() is threading.main_thread()
+    with _LIVE_LOCK:
+        if _LIVE.pop(id(owned), None) is None:
+            return  # claimed by the exit hook
+        if not main:
+            thread = threading.Thread(target=release_now, args=(owned,),
+                                      daemon=False, name="jaxcolo-release")
+            try:  # started and listed at once, for the exit hook
+                thread.start()
+            except RuntimeError:  # no new threads (interpreter exiting)
+                pass
+            else:
+                _RELEASING[:] = [t for t in _RELEASING if t.is_alive()]
+                _RELEASING.append(thread)
+                return
+    release_now(owned)
 
 
 def _release_at_exit() -> None:
-    """At interpreter exit, on the main thread: release the executors held
-    only for their submitted calls (freed later, on a daemon reader
-    thread, their release would start after exit stopped waiting for
-    threads, and be cut short), and wait for releases under way."""
-    with _SUBMITTED_LOCK:
-        held = [entry[0] for entry in _SUBMITTED.values()]
-    for executor in held:
-        finalizer = getattr(executor, "_release", None)
-        if finalizer is not None:
-            finalizer()  # (once: a finalizer that ran is dead)
-    del held
-    with _SUBMITTED_LOCK:
+    """At interpreter exit, on the main thread: release every executor not
+    yet released -- still held, held only for its submitted calls, or
+    about to be freed on a daemon reader thread whose call just completed
+    (a release started there after this hook would be cut short) -- and
+    wait for the releases already under way."""
+    with _LIVE_LOCK:
+        claimed = list(_LIVE.values())
+        _LIVE.clear()
         threads = list(_RELEASING)
+    for fin, owned in claimed:
+        fin.detach()
+        release_now(owned)
+    del claimed
     for thread in threads:
         thread.join(30)
 
