@@ -919,6 +919,41 @@ def test_a_dropped_executor_cleans_up_before_the_interpreter_exits(
         assert not os.path.exists(socket_dir)
 
 
+_COLLECTED_UNDER_THE_RELEASE_LOCK = """
+import gc, os, sys
+sys.path[:0] = sys.argv[1:]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jaxcolo
+from jaxcolo.process import lifetime
+
+ex = jaxcolo.ProcessExecutor(num_hosts=1)
+pids = ex.worker_pids()
+with lifetime._LIVE_LOCK:  # as a collection run by an allocation there
+    del ex
+    gc.collect()
+print(*pids, flush=True)
+"""
+
+
+def test_an_executor_collected_under_the_release_lock_is_released(
+        tmp_path):
+    """A collection may run any executor's finalizer on a thread inside
+    the release bookkeeping's lock (its allocations can start one): with
+    a non-reentrant lock, that thread deadlocked."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(tmp_path / "out", "w+") as out:
+        code = subprocess.run(
+            [sys.executable, "-c", _COLLECTED_UNDER_THE_RELEASE_LOCK, root,
+             os.path.join(root, "generated")], stdout=out, timeout=120
+        ).returncode
+        out.seek(0)
+        pids = [int(p) for p in out.read().split()]
+    assert code == 0 and pids
+    _wait_exited(pids)
+
+
 class _Plus:
     def add(self, x):
         return x + 1

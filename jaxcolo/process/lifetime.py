@@ -119,7 +119,9 @@ def hold_until_done(executor, future) -> None:
 # Taking an entry out, under the lock, is what claims a release: the
 # finalizer, close() or the exit hook, whichever comes first.
 _LIVE: dict = {}
-_LIVE_LOCK = threading.Lock()
+# (reentrant: a garbage collection run by an allocation under it may run
+# another executor's finalizer on the same thread)
+_LIVE_LOCK = threading.RLock()
 _RELEASING: list = []  # release threads started (joined at exit)
 
 
