@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import queue
 import threading
 import time
 import weakref
@@ -117,20 +118,36 @@ def hold_until_done(executor, future) -> None:
 
 # Executors not yet released (nor closed): id(owned) -> (finalizer, owned).
 # Taking an entry out, under the lock, is what claims a release: the
-# finalizer, close() or the exit hook, whichever comes first.
+# finalizer, close() or the exit hook, whichever comes first.  Nothing is
+# allocated under the lock (an allocation may start a garbage collection
+# that runs a finalizer), and it is reentrant all the same (on Python
+# 3.12+ a collection may run at any bytecode boundary).
 _LIVE: dict = {}
-# (reentrant: a garbage collection run by an allocation under it may run
-# another executor's finalizer on the same thread)
 _LIVE_LOCK = threading.RLock()
-_RELEASING: list = []  # release threads started (joined at exit)
+
+# Releases claimed by finalizers on threads other than the main one run
+# on one long-lived thread, fed through a SimpleQueue (whose put is safe
+# in a finalizer): starting a thread from a finalizer could deadlock in
+# the threading module's own locks.  The exit hook drains and joins it.
+_QUEUE: queue.SimpleQueue = queue.SimpleQueue()
+_RELEASER: list = []  # the releaser thread, once started
+_RELEASER_LOCK = threading.Lock()  # (never taken by a finalizer)
 
 
 def finalizer(executor, owned: Owned) -> weakref.finalize:
     """The finalizer releasing ``owned`` once ``executor`` is collected,
-    or at interpreter exit (:func:`_release_at_exit`) if it is not."""
+    or at interpreter exit (:func:`_release_at_exit`) if it is not.
+    Called by the executor's constructor (never by a finalizer)."""
+    with _RELEASER_LOCK:
+        if not _RELEASER:
+            thread = threading.Thread(target=_run_releases, daemon=True,
+                                      name="jaxcolo-release")
+            thread.start()
+            _RELEASER.append(thread)
     fin = weakref.finalize(executor, release, owned)
+    entry = (fin, owned)
     with _LIVE_LOCK:
-        _LIVE[id(owned)] = (fin, owned)
+        _LIVE[id(owned)] = entry
     return fin
 
 
@@ -144,45 +161,46 @@ def detach(fin: weakref.finalize, owned: Owned) -> None:
 
 def release(owned: Owned) -> None:
     """The finalizer: ``release_now`` on the main thread (at interpreter
-    exit, say), else on a thread of its own -- a collection may run on one
+    exit, say), else on the releaser thread -- a collection may run on one
     of the executor's threads while it holds a lock the shutdown needs.
-    That thread is not a daemon (the executor's last pending call may
-    complete on a daemon reader thread) and the exit hook joins it; a
-    release the exit hook claimed first is left to it."""
-    main = threading.current_thread() is threading.main_thread()
+    A release the exit hook (or close()) claimed first is left to it."""
     with _LIVE_LOCK:
-        if _LIVE.pop(id(owned), None) is None:
-            return  # claimed by the exit hook
-        if not main:
-            thread = threading.Thread(target=release_now, args=(owned,),
-                                      daemon=False, name="jaxcolo-release")
-            try:  # started and listed at once, for the exit hook
-                thread.start()
-            except RuntimeError:  # no new threads (interpreter exiting)
-                pass
-            else:
-                _RELEASING[:] = [t for t in _RELEASING if t.is_alive()]
-                _RELEASING.append(thread)
-                return
-    release_now(owned)
+        claimed = _LIVE.pop(id(owned), None) is not None
+    if not claimed:
+        return
+    if threading.current_thread() is threading.main_thread():
+        release_now(owned)
+    else:
+        _QUEUE.put(owned)
+
+
+def _run_releases() -> None:
+    """The releaser thread: release what finalizers queued, until None."""
+    while True:
+        owned = _QUEUE.get()
+        if owned is None:
+            return
+        release_now(owned)
+        del owned
 
 
 def _release_at_exit() -> None:
     """At interpreter exit, on the main thread: release every executor not
     yet released -- still held, held only for its submitted calls, or
     about to be freed on a daemon reader thread whose call just completed
-    (a release started there after this hook would be cut short) -- and
-    wait for the releases already under way."""
+    (its release would start after exit stopped waiting for threads, and
+    be cut short) -- and wait for the releases already queued."""
+    global _LIVE
+    fresh: dict = {}
     with _LIVE_LOCK:
-        claimed = list(_LIVE.values())
-        _LIVE.clear()
-        threads = list(_RELEASING)
-    for fin, owned in claimed:
+        claimed, _LIVE = _LIVE, fresh
+    for fin, owned in claimed.values():
         fin.detach()
         release_now(owned)
     del claimed
-    for thread in threads:
-        thread.join(30)
+    if _RELEASER:
+        _QUEUE.put(None)
+        _RELEASER[0].join(60)
 
 
 atexit.register(_release_at_exit)
