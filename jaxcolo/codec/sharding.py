@@ -20,8 +20,8 @@ from jaxcolo_fb import ShardingKind
 from jaxcolo_fb import SpecEntry
 from jaxcolo.codec import opsharding
 from jaxcolo.codec.core import register_leaf, register_table
-from jaxcolo.codec.mesh import intern_abstract_mesh, intern_device_list, \
-    intern_mesh, names_size
+from jaxcolo.codec.mesh import CACHED_NAMES_SIZE, intern_abstract_mesh, \
+    intern_device_list, intern_mesh, names_size
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import string_vector
 from jaxcolo.wire import layout
@@ -78,10 +78,9 @@ def build_partition_spec(writer, builder, item) -> int:
     return fb.PartitionSpecEnd(builder)
 
 
+# Specs of up to CACHED_NAMES_SIZE entries, axis names and their characters
+# are cached (a payload may hold huge ones: each would stay in the cache).
 _SPEC_CACHE: dict = {}
-# Specs of up to this many entries, axis names and their characters are
-# cached (a payload may hold huge ones: each would stay in the cache).
-_CACHED_SPEC_SIZE = 1024
 
 
 def decode_partition_spec(reader, t, path):
@@ -127,7 +126,7 @@ def decode_partition_spec(reader, t, path):
     except Exception as e:
         raise PayloadError(f"invalid PartitionSpec: {e}", path) from None
     if len(entries) + names_size(names) + names_size(reduced) + \
-            names_size(unreduced) <= _CACHED_SPEC_SIZE:
+            names_size(unreduced) <= CACHED_NAMES_SIZE:
         if len(_SPEC_CACHE) > 1024:
             _SPEC_CACHE.clear()
         _SPEC_CACHE[key] = spec
