@@ -3,18 +3,20 @@
 Each side of a connection sends large buffers in segments it owns
 (:class:`SegmentPool`): files under ``/dev/shm`` that it creates, maps and
 reuses.  A segment is *leased* for one buffer; the receiver maps the segment
-(:class:`SegmentMaps`, opened on its first announcement in a message), reads
-the buffer in place -- JAX on CPU may alias the mapping, with no copy -- and
-sends the lease id back when the buffer's own mapping is collected (JAX
-keeps that mapping, not a view, alive while it aliases it), so the
-sender reuses the segment (warm pages: no page faults on the next call).
+(:class:`SegmentMaps`: opened on its first announcement in a message, mapped
+once at its first read), reads the buffer in place -- JAX on CPU may alias
+the mapping, with no copy -- and sends the lease id back when the buffer's
+own owner object is collected (JAX keeps it alive, through the numpy array
+it aliases, while it uses the bytes), so the sender reuses the segment (warm
+pages on both sides: no page faults on the next call).
 Idle segments keep their pages only up to a budget (``retain`` bytes per
 pool, least recently used dropped first): past it a segment's pages are
 freed (the file is cut to nothing and grown back, sparse), and its next
 lease allocates them again.  The segment itself, its name and the peer's
-open file stay as they are, so this needs nothing from the peer: a
-released lease has no mapping left on the receiving side (see
-:class:`SegmentMaps`).
+open file and mapping stay as they are, so this needs nothing from the
+peer: a released lease has no user left on the receiving side (see
+:class:`SegmentMaps`), and cutting the file drops the peer's page tables
+for it too.
 
 Files are unlinked as soon as the receiver has mapped them (at the first
 release of a segment), and in any case when the pool closes; a controller
@@ -28,6 +30,7 @@ Nothing here is specific to JAX; buffers are numpy uint8 views.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import mmap
 import os
@@ -268,18 +271,46 @@ class SegmentPool:
             self._leases.clear()
 
 
+class _PeerSegment:
+    """An announced segment of the peer: its file, and (from the first
+    buffer read) one mapping of all of it, kept for every later buffer --
+    its page tables stay filled while the peer keeps the pages, so reading
+    a reused segment costs no page faults."""
+
+    __slots__ = ("fd", "size", "mm", "owner_type")
+
+    def __init__(self, fd: int, size: int):
+        self.fd = fd
+        self.size = size
+        self.mm = None
+        self.owner_type = None
+
+    def owner(self):
+        """A new object exporting the whole mapping: a ctypes array, which
+        (unlike a numpy view or memoryview) a weakref can follow, and which
+        numpy keeps as the base of every view made from it."""
+        if self.mm is None:
+            self.mm = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED)
+            self.owner_type = ctypes.c_ubyte * self.size
+        return self.owner_type.from_buffer(self.mm)
+
+
 class SegmentMaps:
     """The peer's segments, opened at their first announcement.
 
-    Every buffer read gets a mapping of its own (:meth:`view`): JAX on CPU
-    may alias a buffer's memory and then keeps *that mapping object* alive,
-    through every array, shard or numpy view derived from it, while it
-    keeps no Python view alive.  So "the buffer is no longer used" is "its
-    mapping was collected", and the lease goes back only then (reusing the
-    segment earlier overwrote arrays still in use)."""
+    Each segment is mapped once (:class:`_PeerSegment`), and every buffer
+    read from it gets an *owner* object of its own over that mapping
+    (:meth:`view`).  JAX on CPU may alias a buffer's memory; it then keeps
+    a numpy array over it alive, and with it the array's base -- the owner,
+    which numpy never collapses past, while views and aliases all lead to
+    it.  So "the buffer is no longer used" is "its owner was collected",
+    and the lease goes back only then (reusing the segment earlier
+    overwrote arrays still in use).  A new mapping per buffer would say the
+    same but fill its page tables again on every read (as costly as
+    copying the bytes once more)."""
 
     def __init__(self):
-        self._fds: dict[int, tuple[int, int]] = {}  # id -> (fd, size)
+        self._segments: dict[int, _PeerSegment] = {}
         self.names: dict[int, str] = {}
         self._lock = threading.Lock()
 
@@ -294,28 +325,26 @@ class SegmentMaps:
             os.close(fd)
             raise
         with self._lock:
-            old = self._fds.pop(sid, None)
-            self._fds[sid] = (fd, size)
+            old = self._segments.pop(sid, None)
+            self._segments[sid] = _PeerSegment(fd, size)
             self.names[sid] = name
-        if old is not None:
-            os.close(old[0])
+        if old is not None:  # (its mapping lives while buffers use it)
+            os.close(old.fd)
 
     def view(self, sid: int, offset: int, size: int, on_unused=None):
-        """``size`` bytes at ``offset`` of segment ``sid``, in a mapping of
-        their own (KeyError if the segment was never announced, ValueError
-        if out of bounds).  ``on_unused()`` runs once nothing uses the
-        mapping any more (no view, array or alias of it is left)."""
+        """``size`` bytes at ``offset`` of segment ``sid``, with an owner
+        of their own (KeyError if the segment was never announced,
+        ValueError if out of bounds).  ``on_unused()`` runs once nothing
+        uses the bytes any more (no view, array or alias of them is left)."""
         with self._lock:
-            fd, seg_size = self._fds[sid]
-            if offset < 0 or size < 0 or offset + size > seg_size:
+            seg = self._segments[sid]
+            if offset < 0 or size < 0 or offset + size > seg.size:
                 raise ValueError(f"{offset}+{size} bytes outside segment "
-                                 f"{sid} ({seg_size} bytes)")
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            mm = mmap.mmap(fd, max(offset + size - start, 1),
-                           flags=mmap.MAP_SHARED | _POPULATE, offset=start)
+                                 f"{sid} ({seg.size} bytes)")
+            owner = seg.owner()
         if on_unused is not None:
-            weakref.finalize(mm, on_unused)
-        return np.frombuffer(mm, np.uint8, size, offset - start)
+            weakref.finalize(owner, on_unused)
+        return np.frombuffer(owner, np.uint8, size, offset)
 
     def unlink_all(self) -> None:
         """Remove the files of every segment seen (the peer is lost)."""
@@ -326,15 +355,13 @@ class SegmentMaps:
     def clear(self) -> None:
         """Close the segments (mappings in use live on)."""
         with self._lock:
-            fds = [fd for fd, _ in self._fds.values()]
-            self._fds.clear()
+            fds = [seg.fd for seg in self._segments.values()]
+            self._segments.clear()
             self.names.clear()
         for fd in fds:
             os.close(fd)
 
 
-# Fill a fresh mapping's page tables at once (one call, no page faults).
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 def unlink_process_segments(pid: int) -> None:
