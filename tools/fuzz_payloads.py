@@ -1,6 +1,6 @@
 """Mutation fuzzing of jaxcolo payloads: only PayloadError may come out.
 
-    python tools/fuzz_payloads.py --mutations 100000 [--seed 0]
+    python tools/fuzz_payloads.py --mutations 100000 [--seed 0] [--slow 2.0]
 
 Each mutation applies random byte flips, truncations, splices, duplications
 or integer overwrites to a seed payload (one per root kind and several spec
@@ -139,11 +139,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--mutations", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--slow", type=float, default=2.0,
+                    help="seconds a decode may take before it is a failure")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     seeds = seed_payloads()
     t0 = time.perf_counter()
-    counts, failures = run(seeds, args.mutations, rng)
+    counts, failures = run(seeds, args.mutations, rng, args.slow)
     el = time.perf_counter() - t0
     print(f"{args.mutations} mutations of {len(seeds)} seed payloads in "
           f"{el:.0f}s: {dict(counts)}")

@@ -492,13 +492,21 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
             "ProcessExecutor closed while this call waited for its thread's "
             "earlier calls on other hosts"))
         self._ready.wait(self._start_timeout)
-        self._destroys.close()
-        self._deadlines.close()
-        lifetime.shut_down_hosts(self._links, self._workers)
-        if self._socket_dir is not None:
-            self._remove_socket_dir()
-        token, self._sigint = getattr(self, "_sigint", None), None
-        interrupts.uninstall(token)
+        # the exit hook, on the main thread, may have claimed the shutdown
+        # while this close() ran on another thread: it does it, once
+        if lifetime.claim(self._owned):
+            try:
+                self._destroys.close()
+                self._deadlines.close()
+                lifetime.shut_down_hosts(self._links, self._workers)
+                if self._socket_dir is not None:
+                    self._remove_socket_dir()
+                token, self._sigint = getattr(self, "_sigint", None), None
+                interrupts.uninstall(token)
+            finally:
+                self._owned.done.set()
+        else:
+            self._owned.done.wait(lifetime.RELEASE_WAIT)
         self._lifetimes.close()
         self._ready.set()
 

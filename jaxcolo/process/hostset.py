@@ -34,6 +34,7 @@ from jaxcolo.process.messages import MessageKind
 from jaxcolo.process.multi_host_faults import WEDGED_ERROR, \
     collectives_broke, send_resumes
 from jaxcolo.process.hosts import HostLink
+from jaxcolo.process import lifetime
 from jaxcolo.process.lifetime import weak
 from jaxcolo.process.results import Call
 
@@ -57,8 +58,11 @@ class HostSet:
         try:
             for w in workers:
                 links.append(self._connect(w.host_index, w.address, w.pid))
+            if not lifetime.adopt(self._owned, workers, links):
+                raise ExecutorError("the ProcessExecutor was released (at "
+                                    "interpreter exit) while its workers "
+                                    "started")
             self._workers, self._links = workers, links
-            self._owned.workers, self._owned.links = workers, links
             self._check_hosts()
         except BaseException:
             for link in links:
@@ -454,11 +458,13 @@ class HostSet:
             for _ in range(attempts):
                 for w in reversed(self._workers):  # the coordinator last:
                     w.kill()  # (the others would log its loss as fatal)
-                if self._closed:
+                if self._closed or self._owned.released:
                     return
                 try:
                     self._start_local()
                 except Exception as e:  # noqa: BLE001 - try again
+                    if self._owned.released:  # (its new workers stopped)
+                        return
                     error = f"{type(e).__name__}: {e}"
                     log.error("could not restart the workers: %s", error)
                     continue

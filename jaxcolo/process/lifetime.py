@@ -39,15 +39,48 @@ def weak(method):
 
 class Owned:
     """What an executor owns, for its finalizer: the current links and
-    workers (replaced on a restart), threads, the SIGINT handler token."""
+    workers (replaced on a restart), threads, the SIGINT handler token.
+    ``released``: the shutdown was claimed (:func:`claim`) by ``close()``,
+    the finalizer or the exit hook; ``done`` is set once it finished."""
 
     __slots__ = ("links", "workers", "deadlines", "destroys", "sigint",
-                 "socket_dir")
+                 "socket_dir", "released", "lock", "done")
 
     def __init__(self):
         self.links = []
         self.workers = []
         self.deadlines = self.destroys = self.sigint = self.socket_dir = None
+        self.released = False
+        self.lock = threading.Lock()  # (never held while allocating much)
+        self.done = threading.Event()
+
+
+# Seconds a shutdown claimed by another thread is waited for (it waits for
+# the workers: at most twice WORKER_EXIT_WAIT, then kills them).
+RELEASE_WAIT = 30.0
+
+
+def claim(owned: Owned) -> bool:
+    """True for the first caller only: it shuts down what ``owned`` lists,
+    then sets ``owned.done`` (``close()``, the finalizer and the exit hook
+    may race at exit; the others wait for ``done``)."""
+    with owned.lock:
+        if owned.released:
+            return False
+        owned.released = True
+        return True
+
+
+def adopt(owned: Owned, workers, links) -> bool:
+    """Make freshly started ``workers`` and their ``links`` what ``owned``
+    lists (a start or restart); False, recording nothing, if ``owned`` was
+    released meanwhile (the exit hook ran while a restart started them):
+    the caller must shut them down itself."""
+    with owned.lock:
+        if owned.released:
+            return False
+        owned.workers, owned.links = workers, links
+        return True
 
 
 # Started workers get this long to exit (together) after their shutdown
@@ -207,16 +240,24 @@ atexit.register(_release_at_exit)
 
 
 def release_now(owned: Owned) -> None:
-    """Shut down what ``owned`` lists (never raises: a finalizer)."""
+    """Shut down what ``owned`` lists, unless that was claimed already
+    (never raises: a finalizer)."""
     from jaxcolo.transport import interrupts
+    if not claim(owned):  # close() on another thread does it: at exit,
+        owned.done.wait(RELEASE_WAIT)  # the interpreter waits for it
+        return
     steps = [getattr(owned.destroys, "close", None),
              getattr(owned.deadlines, "close", None)]
     steps += [lambda: shut_down_hosts(owned.links, owned.workers)]
     steps += [owned.socket_dir, lambda: interrupts.uninstall(owned.sigint)]
-    for step in steps:
-        if step is None:
-            continue
-        try:
-            step()
-        except Exception:  # noqa: BLE001 - the rest must still go
-            log.exception("releasing a ProcessExecutor that was not closed")
+    try:
+        for step in steps:
+            if step is None:
+                continue
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - the rest must still go
+                log.exception("releasing a ProcessExecutor that was not "
+                              "closed")
+    finally:
+        owned.done.set()

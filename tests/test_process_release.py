@@ -1,0 +1,98 @@
+"""Who shuts a ProcessExecutor down when close(), its finalizer and the
+exit hook race (jaxcolo.process.lifetime): exactly one of them, and
+workers a late restart starts after that are not left running."""
+
+import os
+import signal
+import time
+
+import jaxcolo
+from jaxcolo.process import launch, lifetime
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):  # (reaped meanwhile)
+        return False
+
+
+def _wait_exited(pids, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while any(_running(p) for p in pids):
+        assert time.monotonic() < deadline, [p for p in pids if _running(p)]
+        time.sleep(0.05)
+
+
+def test_close_after_the_exit_hook_released_shuts_down_once(monkeypatch):
+    """close() on a daemon thread racing the exit hook ran the shutdown
+    steps (hosts, threads, socket directory, SIGINT handler) a second
+    time after the hook had run them."""
+    ex = jaxcolo.ProcessExecutor(num_hosts=1)
+    pids = ex.worker_pids()
+    shutdowns = []
+    real = lifetime.shut_down_hosts
+
+    def counted(links, workers):
+        shutdowns.append(len(links))
+        real(links, workers)
+    monkeypatch.setattr(lifetime, "shut_down_hosts", counted)
+    lifetime.release_now(ex._owned)  # what the exit hook does first
+    ex.close()
+    assert shutdowns == [1]
+    _wait_exited(pids)
+
+
+def test_workers_a_restart_starts_during_the_exit_hook_are_stopped(
+        monkeypatch):
+    """A restart under way when the exit hook released the executor went
+    on to record its new workers as the executor's, after the hook had
+    shut down the old ones: nobody stopped them.  (Over TCP: with unix
+    sockets, the hook's removal of the socket directory may fail the
+    restart's connections first.)"""
+    ex = jaxcolo.ProcessExecutor(num_hosts=1, local_transport="tcp")
+    old = ex.worker_pids()
+    started = []
+    real = launch.start_workers
+
+    def start_while_the_hook_runs(*args, **kwargs):
+        workers = real(*args, **kwargs)
+        started.extend(w.pid for w in workers)
+        lifetime.release_now(ex._owned)  # the exit hook, meanwhile
+        return workers
+    monkeypatch.setattr(launch, "start_workers", start_while_the_hook_runs)
+    os.kill(old[0], signal.SIGKILL)  # lost: the restart thread starts
+    deadline = time.monotonic() + 60
+    while not started or not ex._ready.is_set():
+        assert time.monotonic() < deadline, "no restart"
+        time.sleep(0.05)
+    time.sleep(0.5)  # (a restart the first one caused would start now)
+    _wait_exited(old + started)
+    assert len(started) == 1
+    ex.close()  # nothing left to shut down; returns
+
+
+def test_the_exit_hook_waits_for_a_close_under_way(monkeypatch):
+    """The hook must not return (and let the interpreter exit, cutting a
+    daemon thread's close() short) while another thread shuts the
+    executor down; nor shut it down a second time."""
+    import threading
+    ex = jaxcolo.ProcessExecutor(num_hosts=1)
+    pids = ex.worker_pids()
+    inside, shutdowns = threading.Event(), []
+    real = lifetime.shut_down_hosts
+
+    def slow(links, workers):
+        inside.set()
+        time.sleep(1.0)
+        real(links, workers)
+        shutdowns.append(time.monotonic())
+    monkeypatch.setattr(lifetime, "shut_down_hosts", slow)
+    closing = threading.Thread(target=ex.close, daemon=True)
+    closing.start()
+    assert inside.wait(30)
+    lifetime.release_now(ex._owned)  # the exit hook, meanwhile
+    assert len(shutdowns) == 1  # close()'s, finished before it returned
+    assert not any(_running(p) for p in pids)
+    closing.join(30)
