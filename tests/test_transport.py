@@ -432,6 +432,52 @@ def test_segment_pool_frees_idle_pages_past_retain():
         blobs.SegmentPool("t", retain=-5)
 
 
+def test_a_view_past_a_shrunk_segment_file_is_refused():
+    """A peer's segment is mapped once, whole: a buffer announced past the
+    end of a file the peer shrank since was read through that mapping and
+    killed the process with SIGBUS (a ValueError -- PayloadError for a
+    message -- before the mapping was kept)."""
+    import subprocess
+    import sys
+    from jaxcolo.transport import blobs
+    if not blobs.available():
+        pytest.skip("no /dev/shm")
+    code = """
+import gc, os, sys
+name = sys.argv[1]
+sys.path[:0] = sys.argv[2:]
+from jaxcolo.transport import blobs
+size = 1 << 20
+fd = os.open(os.path.join(blobs.SHM_DIR, name),
+             os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+try:
+    os.ftruncate(fd, size)
+    maps = blobs.SegmentMaps()
+    maps.add(1, name, size)
+    assert int(maps.view(1, 0, 4096)[0]) == 0  # (mapped now)
+    gc.collect()
+    os.ftruncate(fd, size // 2)
+    try:
+        view = maps.view(1, size - 8192, 4096)
+        print("read", int(view.sum()))
+    except ValueError as e:
+        print("refused:", e)
+finally:
+    os.unlink(os.path.join(blobs.SHM_DIR, name))
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    name = f"jaxcolo-test-shrunk-{os.getpid()}"
+    try:
+        out = subprocess.run([sys.executable, "-c", code, name, root,
+                              os.path.join(root, "generated")],
+                             capture_output=True, text=True, timeout=120)
+    finally:  # (killed by SIGBUS, it removed nothing)
+        blobs.unlink(name)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.startswith("refused:"), out.stdout
+    assert "now holds 524288 bytes" in out.stdout
+
+
 def test_removing_a_process_segments_skips_what_is_not_its_file():
     """/dev/shm is writable by every local user: a directory planted under
     a worker's segment prefix made the removal raise IsADirectoryError,

@@ -341,6 +341,12 @@ class SegmentMaps:
             if offset < 0 or size < 0 or offset + size > seg.size:
                 raise ValueError(f"{offset}+{size} bytes outside segment "
                                  f"{sid} ({seg.size} bytes)")
+            # the peer's file may have shrunk since it was announced: its
+            # pages past the end would fault with SIGBUS when read
+            held = os.fstat(seg.fd).st_size
+            if offset + size > held:
+                raise ValueError(f"{offset}+{size} bytes outside segment "
+                                 f"{sid}, whose file now holds {held} bytes")
             owner = seg.owner()
         if on_unused is not None:
             weakref.finalize(owner, on_unused)
@@ -360,8 +366,6 @@ class SegmentMaps:
             self.names.clear()
         for fd in fds:
             os.close(fd)
-
-
 
 
 def unlink_process_segments(pid: int) -> None:
