@@ -19,6 +19,7 @@ the controller's ids on both sides.
 from __future__ import annotations
 
 import functools
+import gc
 import math
 
 import jax
@@ -31,6 +32,12 @@ from jaxcolo.errors import PayloadError
 from jaxcolo.process.messages import Shards
 
 FRAME_CHUNK = 16 << 20      # out-of-band frames carry at most this much
+try:  # what JAX's garbage-collector callback runs (see release_deferred)
+    from jax._src.lib import _jax as _xla_ext
+    _collect_deferred = _xla_ext.collect_garbage
+except (ImportError, AttributeError):  # pragma: no cover - other JAX
+    def _collect_deferred() -> None:
+        gc.collect(0)  # (runs JAX's callback)
 try:
     from jax._src.interpreters.pxla import batched_device_put as _batched_put
 except ImportError:  # pragma: no cover - other JAX versions
@@ -217,6 +224,18 @@ def assemble(layout: Layout, found: dict, leaf: int, what: str):
         return arrays[0]
     return jax.make_array_from_single_device_arrays(
         layout.shape, layout.sharding, arrays)
+
+
+def release_deferred() -> None:
+    """Let go of the numpy arrays dead jax.Arrays aliased, now.
+
+    A jax.Array made zero-copy from a shared-memory view keeps that numpy
+    array alive; when the jax.Array dies, XLA does not drop its reference
+    at once but queues it until JAX's garbage-collector callback runs -- in
+    a process that allocates little (an idle worker, a controller between
+    calls) possibly never, so the view's lease did not go back to its
+    owner.  Cheap: it drops what is queued (nothing, mostly)."""
+    _collect_deferred()
 
 
 def message_buffers(m, channel, maps, released):

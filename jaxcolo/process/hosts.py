@@ -233,6 +233,8 @@ class HostLink:
         while not self._lost:
             kicked = self._kick.wait(IDLE_READ)
             self._kick.clear()
+            if self.maps.in_use():  # results the caller dropped: their
+                arrays.release_deferred()  # leases go back to the worker
             if not kicked and time.monotonic() - self.last_seen < IDLE_READ:
                 continue
             with role:

@@ -51,6 +51,8 @@ from jaxcolo.transport import blobs, channel as channel_mod
 log = logging.getLogger("jaxcolo.worker")
 RESUME_SINCE = FEATURE_SINCE["message_resume"]
 PROMOTE_AFTER = 0.005   # seconds a call may hold the reader thread
+IDLE_RELEASE = 0.01     # seconds without messages before the reader gives
+                        # back the leases of inputs dropped meanwhile
 
 
 def _reason(e: BaseException) -> str:
@@ -211,7 +213,10 @@ class Session:
                 # hold nothing of the last call while waiting (its inputs
                 # may pin the controller's shared memory)
                 m = task = None
-                self.channel.readable(None, channel_mod.SPIN)
+                if not self.channel.readable(IDLE_RELEASE, channel_mod.SPIN):
+                    if self._maps.in_use():  # idle: inputs dropped since
+                        arrays.release_deferred()  # give their leases back
+                    self.channel.readable(None)
                 frame = self.channel.recv(timeout=None)
                 try:
                     m = messages.decode(frame, self.version)
@@ -447,6 +452,8 @@ class Session:
         ping = messages.Message(K.ping)
         while not self._ended.wait(self._heartbeat):
             self._send_quietly(ping)
+            if self._maps.in_use():  # (inputs dropped by a running call)
+                arrays.release_deferred()
 
     def _end(self) -> None:
         if self._ended.is_set():

@@ -352,6 +352,11 @@ class SegmentMaps:
             weakref.finalize(owner, on_unused)
         return np.frombuffer(owner, np.uint8, size, offset)
 
+    def in_use(self) -> bool:
+        """Whether any of the peer's segments is open (buffers may be
+        viewed)."""
+        return bool(self._segments)
+
     def unlink_all(self) -> None:
         """Remove the files of every segment seen (the peer is lost)."""
         with self._lock:
