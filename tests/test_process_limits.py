@@ -276,11 +276,15 @@ def _worker_leases_back(ex, seconds: float) -> tuple:
         time.sleep(0.05)
 
 
-def test_a_dropped_result_gives_its_lease_back_without_a_collection(host):
+@pytest.mark.parametrize("how", ["at_once", "later", "submitted"])
+def test_a_dropped_result_gives_its_lease_back_without_a_collection(
+        host, how):
     """A result read zero-copy from the worker's shared memory: dropping it
     queued XLA's reference to the view until this process next collected
     garbage, so the worker's segment stayed leased (5 runs in 5, 5 s each)
-    in a caller that allocates little."""
+    in a caller that allocates little -- also a result dropped a while
+    after its call, or one of a submitted call (the link's reader then
+    waits for messages, not for its idle tick)."""
     if host._links[0].pool is None:
         pytest.skip("no shared memory here")
     x = put(np.zeros(4 << 20, np.float32), cpu_devices()[0])
@@ -290,8 +294,10 @@ def test_a_dropped_result_gives_its_lease_back_without_a_collection(host):
         assert _leased(host) == (0, 0)
         gc.disable()
         try:
-            out = f(x)
+            out = f.submit(x).result() if how == "submitted" else f(x)
             assert float(np.asarray(out).sum()) == 4 << 20
+            if how == "later":
+                time.sleep(1.0)
             del out
             assert _worker_leases_back(host, 5.0) == (0, 0)
         finally:

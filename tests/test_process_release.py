@@ -8,6 +8,7 @@ import time
 
 import jaxcolo
 from jaxcolo.process import launch, lifetime
+from jaxcolo.transport import interrupts
 
 
 def _running(pid: int) -> bool:
@@ -71,6 +72,7 @@ def test_workers_a_restart_starts_during_the_exit_hook_are_stopped(
     _wait_exited(old + started)
     assert len(started) == 1
     ex.close()  # nothing left to shut down; returns
+    interrupts.uninstall(ex._owned.sigint)  # (claimed off the main thread)
 
 
 def test_the_exit_hook_waits_for_a_close_under_way(monkeypatch):
@@ -96,3 +98,85 @@ def test_the_exit_hook_waits_for_a_close_under_way(monkeypatch):
     assert len(shutdowns) == 1  # close()'s, finished before it returned
     assert not any(_running(p) for p in pids)
     closing.join(30)
+    interrupts.uninstall(ex._owned.sigint)  # (claimed off the main thread)
+
+
+def _run_script(code: str, tmp_path) -> str:
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(tmp_path / "out", "w+") as out:  # (a stray worker cannot
+        subprocess.run([sys.executable, "-c", code, root,  # hold a pipe)
+                        os.path.join(root, "generated")], stdout=out,
+                       stderr=subprocess.STDOUT, timeout=120)
+        out.seek(0)
+        return out.read()
+
+
+_EXIT_DURING_CLOSE = """
+import sys, threading, time
+sys.path[:0] = sys.argv[1:]
+import jaxcolo
+from jaxcolo.process import lifetime
+ex = jaxcolo.ProcessExecutor(num_hosts=1)
+print("worker", ex.worker_pids()[0], flush=True)
+real, inside = lifetime.shut_down_hosts, threading.Event()
+def slow(links, workers):
+    inside.set()
+    time.sleep(1.5)
+    real(links, workers)
+    print("shutdown finished", flush=True)
+lifetime.shut_down_hosts = slow
+threading.Thread(target=ex.close, daemon=True).start()
+inside.wait(30)
+print("main thread exits", flush=True)
+"""
+
+
+def test_the_exit_hook_waits_for_a_close_under_way_on_a_daemon_thread(
+        tmp_path):
+    """close() took the executor out of the hook's table before shutting
+    it down: the interpreter exited at once, cutting the shutdown short."""
+    out = _run_script(_EXIT_DURING_CLOSE, tmp_path)
+    lines = out.splitlines()
+    assert "main thread exits" in lines and "shutdown finished" in lines, out
+    assert lines.index("shutdown finished") > lines.index("main thread exits")
+    pid = int(out.split("worker ", 1)[1].split()[0])
+    _wait_exited([pid])
+
+
+_CLOSE_FROM_A_FINALIZER_IN_THE_HOOK = """
+import gc, sys, time
+sys.path[:0] = sys.argv[1:]
+import jaxcolo
+from jaxcolo.process import lifetime
+
+class Owner:  # closes the executor when collected (a reference cycle)
+    def __init__(self, ex):
+        self.ex, self.me = ex, self
+    def __del__(self):
+        t = time.monotonic()
+        self.ex.close()
+        print(f"close() in a finalizer took {time.monotonic() - t:.1f}s",
+              flush=True)
+
+Owner(jaxcolo.ProcessExecutor(num_hosts=1))
+gc.disable()
+real = lifetime.shut_down_hosts
+def collecting(links, workers):  # as an allocation there may start one
+    gc.enable()
+    gc.collect()
+    real(links, workers)
+lifetime.shut_down_hosts = collecting
+"""
+
+
+def test_close_from_a_finalizer_inside_the_exit_hook_does_not_wait(
+        tmp_path):
+    """A collection inside the hook's shutdown ran a user finalizer calling
+    close(), which waited (30 s) for the shutdown its own thread was
+    running."""
+    t = time.monotonic()
+    out = _run_script(_CLOSE_FROM_A_FINALIZER_IN_THE_HOOK, tmp_path)
+    assert "close() in a finalizer took 0.0s" in out, out
+    assert time.monotonic() - t < 25, out

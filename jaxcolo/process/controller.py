@@ -476,37 +476,46 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         if not self._closed:
             self._settle_holds(CLOSE_SETTLE_TIMEOUT)
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            pending, self._pending = self._pending, {}
+            closing = not self._closed
+            if closing:
+                self._closed = True
+                pending, self._pending = self._pending, {}
+                # the shutdown is this close()'s unless the exit hook (on
+                # the main thread, while this runs on another) took it
+                mine = lifetime.claim(self._owned)
+        if not closing:  # closed, or being closed on another thread
+            lifetime.wait_released(self._owned)
+            return
+        try:
+            for call, h, link in pending.values():
+                call.fail(ExecutorError(
+                    f"ProcessExecutor closed while this call was in flight "
+                    f"on {link.describe}"))
+            self._lane_order.close(ExecutorError(
+                "ProcessExecutor closed while this call waited for its "
+                "thread's earlier calls on other hosts"))
+            self._ready.wait(self._start_timeout)
+            if mine:
+                try:
+                    self._destroys.close()
+                    self._deadlines.close()
+                    lifetime.shut_down_hosts(self._links, self._workers)
+                    if self._socket_dir is not None:
+                        self._remove_socket_dir()
+                    token, self._sigint = getattr(self, "_sigint", None), None
+                    interrupts.uninstall(token)
+                finally:
+                    self._owned.done.set()
+            else:
+                lifetime.wait_released(self._owned)
+            self._lifetimes.close()
+            self._ready.set()
+        finally:
+            if mine:  # (also when interrupted before its steps)
+                self._owned.done.set()
+            # released here, not by the finalizer; only now, so that the
+            # exit hook finds an executor being closed and waits for it
             release = getattr(self, "_release", None)
             if release is not None:
-                # released here, not by the finalizer
                 lifetime.detach(release, self._owned)
-        for call, h, link in pending.values():
-            call.fail(ExecutorError(
-                f"ProcessExecutor closed while this call was in flight on "
-                f"{link.describe}"))
-        self._lane_order.close(ExecutorError(
-            "ProcessExecutor closed while this call waited for its thread's "
-            "earlier calls on other hosts"))
-        self._ready.wait(self._start_timeout)
-        # the exit hook, on the main thread, may have claimed the shutdown
-        # while this close() ran on another thread: it does it, once
-        if lifetime.claim(self._owned):
-            try:
-                self._destroys.close()
-                self._deadlines.close()
-                lifetime.shut_down_hosts(self._links, self._workers)
-                if self._socket_dir is not None:
-                    self._remove_socket_dir()
-                token, self._sigint = getattr(self, "_sigint", None), None
-                interrupts.uninstall(token)
-            finally:
-                self._owned.done.set()
-        else:
-            self._owned.done.wait(lifetime.RELEASE_WAIT)
-        self._lifetimes.close()
-        self._ready.set()
 

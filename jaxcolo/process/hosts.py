@@ -233,8 +233,7 @@ class HostLink:
         while not self._lost:
             kicked = self._kick.wait(IDLE_READ)
             self._kick.clear()
-            if self.maps.in_use():  # results the caller dropped: their
-                arrays.release_deferred()  # leases go back to the worker
+            self._release_dropped()
             if not kicked and time.monotonic() - self.last_seen < IDLE_READ:
                 continue
             with role:
@@ -257,12 +256,19 @@ class HostLink:
         with executor_thread():
             while not self._lost and not done():
                 if not self.channel.readable(READ_POLL, ch.SPIN):
+                    self._release_dropped()  # (quiet: READ_POLL seconds)
                     continue
                 with CRITICAL:  # a reply is never half-taken
                     reason = self._take_message()
                     if reason is not None:
                         self.lost(reason)
                         return
+
+    def _release_dropped(self) -> None:
+        """Give back the worker's leases of results dropped since (XLA
+        queues its references to their views; see release_deferred)."""
+        if self.maps.in_use():
+            arrays.release_deferred()
 
     def _take_message(self) -> str | None:
         """Read and handle one message; why the link is lost if that

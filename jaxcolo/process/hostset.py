@@ -469,6 +469,8 @@ class HostSet:
                     log.error("could not restart the workers: %s", error)
                     continue
                 lost = self._set_ready_unless_lost()
+                if lost and self._owned.released:  # (the exit hook stopped
+                    return                         # the new workers)
                 if not lost:
                     opened = True
                     with self._lock:

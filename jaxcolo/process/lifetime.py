@@ -44,7 +44,7 @@ class Owned:
     the finalizer or the exit hook; ``done`` is set once it finished."""
 
     __slots__ = ("links", "workers", "deadlines", "destroys", "sigint",
-                 "socket_dir", "released", "lock", "done")
+                 "socket_dir", "released", "lock", "done", "claimer")
 
     def __init__(self):
         self.links = []
@@ -53,6 +53,7 @@ class Owned:
         self.released = False
         self.lock = threading.Lock()  # (never held while allocating much)
         self.done = threading.Event()
+        self.claimer = None  # the thread ident that claimed the shutdown
 
 
 # Seconds a shutdown claimed by another thread is waited for (it waits for
@@ -64,11 +65,21 @@ def claim(owned: Owned) -> bool:
     """True for the first caller only: it shuts down what ``owned`` lists,
     then sets ``owned.done`` (``close()``, the finalizer and the exit hook
     may race at exit; the others wait for ``done``)."""
+    me = threading.get_ident()
     with owned.lock:
         if owned.released:
             return False
         owned.released = True
+        owned.claimer = me
         return True
+
+
+def wait_released(owned: Owned) -> None:
+    """Return once the shutdown another caller claimed has finished (at
+    most RELEASE_WAIT seconds); at once on the claiming thread itself (a
+    finalizer calling close() inside the claimer's own steps)."""
+    if owned.claimer != threading.get_ident():
+        owned.done.wait(RELEASE_WAIT)
 
 
 def adopt(owned: Owned, workers, links) -> bool:
@@ -244,13 +255,14 @@ def release_now(owned: Owned) -> None:
     (never raises: a finalizer)."""
     from jaxcolo.transport import interrupts
     if not claim(owned):  # close() on another thread does it: at exit,
-        owned.done.wait(RELEASE_WAIT)  # the interpreter waits for it
+        wait_released(owned)  # the interpreter waits for it
         return
-    steps = [getattr(owned.destroys, "close", None),
-             getattr(owned.deadlines, "close", None)]
-    steps += [lambda: shut_down_hosts(owned.links, owned.workers)]
-    steps += [owned.socket_dir, lambda: interrupts.uninstall(owned.sigint)]
     try:
+        steps = [getattr(owned.destroys, "close", None),
+                 getattr(owned.deadlines, "close", None),
+                 lambda: shut_down_hosts(owned.links, owned.workers),
+                 owned.socket_dir,
+                 lambda: interrupts.uninstall(owned.sigint)]
         for step in steps:
             if step is None:
                 continue
