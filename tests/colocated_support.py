@@ -7,6 +7,8 @@ adds an entry here instead of copying tests.
 
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 import pytest
@@ -85,3 +87,22 @@ def pop_state(*names):
 def get_state(name):
     from tests import colocated_state
     return on_host(lambda: getattr(colocated_state, name))
+
+
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):  # (reaped meanwhile)
+        return False
+
+
+def wait_processes_exited(pids, seconds: float = 10) -> None:
+    """Wait until none of the (worker) processes ``pids`` runs any more;
+    AssertionError naming those still running after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while any(process_running(p) for p in pids):
+        assert time.monotonic() < deadline, \
+            [p for p in pids if process_running(p)]
+        time.sleep(0.05)

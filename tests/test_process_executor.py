@@ -21,7 +21,8 @@ import jaxcolo
 from jaxcolo import versions
 from jaxcolo.process import messages
 from jaxcolo.transport import channel as ch, handshake
-from tests.colocated_support import cpu_devices, ok_call, put
+from tests.colocated_support import cpu_devices, ok_call, put, \
+    wait_processes_exited
 
 
 def _identity(x):
@@ -742,29 +743,13 @@ def _used_and_dropped():
     return weakref.ref(ex), ex.worker_pids()
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # (reaped meanwhile)
-        return False
-
-
-def _wait_exited(pids, seconds: float = 10) -> None:
-    """Wait until none of the worker processes ``pids`` runs any more."""
-    deadline = time.monotonic() + seconds
-    while any(_running(p) for p in pids):
-        assert time.monotonic() < deadline, pids
-        time.sleep(0.05)
-
-
 def test_an_executor_dropped_without_close_is_collected_and_stops():
     """Its threads held it (callbacks bound to it), so an executor dropped
     without close() lived, with its workers, until the process exited."""
     ref, pids = _used_and_dropped()
     gc.collect()
     assert ref() is None
-    _wait_exited(pids)
+    wait_processes_exited(pids)
 
 
 def _half_second_plus_one(x):
@@ -794,7 +779,7 @@ def test_a_dropped_executor_finishes_the_calls_its_futures_wait_for(
     np.testing.assert_array_equal(fut.result(timeout=30), np.arange(1, 9))
     gc.collect()
     assert ref() is None  # and lets it go once done (still held itself)
-    _wait_exited(pids)
+    wait_processes_exited(pids)
 
 
 def test_a_dropped_executor_is_freed_once_its_submitted_calls_finish():
@@ -812,7 +797,7 @@ def test_a_dropped_executor_is_freed_once_its_submitted_calls_finish():
             time.sleep(0.05)
     finally:
         gc.enable()
-    _wait_exited(pids)
+    wait_processes_exited(pids)
 
 
 def test_a_submitted_calls_callbacks_run_with_its_future_not_held():
@@ -851,7 +836,7 @@ def test_a_dropped_executor_stops_the_coordinator_host_last(capfd):
     del ex
     gc.collect()
     timer.join()
-    _wait_exited(pids)
+    wait_processes_exited(pids)
     time.sleep(0.5)
     assert "Terminating process" not in capfd.readouterr().err
 
@@ -909,7 +894,7 @@ def test_a_dropped_executor_cleans_up_before_the_interpreter_exits(
             value, socket_dir, *pids = out.read().split()
         assert value == "8"
         try:
-            _wait_exited([int(p) for p in pids])
+            wait_processes_exited([int(p) for p in pids])
         finally:
             for p in pids:  # (if not)
                 try:
@@ -951,7 +936,7 @@ def test_an_executor_collected_under_the_release_lock_is_released(
         out.seek(0)
         pids = [int(p) for p in out.read().split()]
     assert code == 0 and pids
-    _wait_exited(pids)
+    wait_processes_exited(pids)
 
 
 class _Plus:
@@ -972,7 +957,7 @@ def test_a_live_instance_does_not_keep_a_dropped_executor():
     del ex
     gc.collect()
     assert ref() is None
-    _wait_exited(pids)
+    wait_processes_exited(pids)
     del plus  # its destroy finds no executor: nothing to do
     gc.collect()
 
@@ -1132,7 +1117,7 @@ def test_without_restart_a_lost_cluster_says_which_host_was_lost():
             with pytest.raises(jaxcolo.ExecutorError, match=expected):
                 f(x)
         assert ex.stats()["restarts"] == 0
-    _wait_exited(pids)
+    wait_processes_exited(pids)
 
 
 def test_close_stops_the_coordinator_host_last(capfd):
@@ -1146,7 +1131,7 @@ def test_close_stops_the_coordinator_host_last(capfd):
         timer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGCONT))
         timer.start()
     timer.join()
-    _wait_exited(pids)
+    wait_processes_exited(pids)
     time.sleep(0.5)  # (a fatal error would be written by now)
     err = capfd.readouterr().err
     assert "Terminating process" not in err and "coordination" not in err, \
@@ -1163,7 +1148,7 @@ def test_close_waits_for_hung_workers_together():
     t0 = time.monotonic()
     ex.close()
     assert time.monotonic() - t0 < 9
-    _wait_exited(pids)
+    wait_processes_exited(pids)
 
 
 def test_a_failed_start_leaves_no_socket_directory():
@@ -1197,7 +1182,7 @@ def test_close_wakes_a_stats_request_waiting_for_its_reply():
     ex.close()  # waits 5 s for the stopped worker, then kills it
     t.join(60)
     assert out["hosts"] == [{}] and out["took"] < 10, out
-    _wait_exited([pid])
+    wait_processes_exited([pid])
 
 
 def test_instances_on_a_restarted_host_fail_clearly(tmp_path):

@@ -9,21 +9,7 @@ import time
 import jaxcolo
 from jaxcolo.process import launch, lifetime
 from jaxcolo.transport import interrupts
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # (reaped meanwhile)
-        return False
-
-
-def _wait_exited(pids, seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while any(_running(p) for p in pids):
-        assert time.monotonic() < deadline, [p for p in pids if _running(p)]
-        time.sleep(0.05)
+from tests.colocated_support import process_running, wait_processes_exited
 
 
 def test_close_after_the_exit_hook_released_shuts_down_once(monkeypatch):
@@ -42,7 +28,7 @@ def test_close_after_the_exit_hook_released_shuts_down_once(monkeypatch):
     lifetime.release_now(ex._owned)  # what the exit hook does first
     ex.close()
     assert shutdowns == [1]
-    _wait_exited(pids)
+    wait_processes_exited(pids)
 
 
 def test_workers_a_restart_starts_during_the_exit_hook_are_stopped(
@@ -69,7 +55,7 @@ def test_workers_a_restart_starts_during_the_exit_hook_are_stopped(
         assert time.monotonic() < deadline, "no restart"
         time.sleep(0.05)
     time.sleep(0.5)  # (a restart the first one caused would start now)
-    _wait_exited(old + started)
+    wait_processes_exited(old + started)
     assert len(started) == 1
     ex.close()  # nothing left to shut down; returns
     interrupts.uninstall(ex._owned.sigint)  # (claimed off the main thread)
@@ -96,7 +82,7 @@ def test_the_exit_hook_waits_for_a_close_under_way(monkeypatch):
     assert inside.wait(30)
     lifetime.release_now(ex._owned)  # the exit hook, meanwhile
     assert len(shutdowns) == 1  # close()'s, finished before it returned
-    assert not any(_running(p) for p in pids)
+    assert not any(process_running(p) for p in pids)
     closing.join(30)
     interrupts.uninstall(ex._owned.sigint)  # (claimed off the main thread)
 
@@ -142,7 +128,7 @@ def test_the_exit_hook_waits_for_a_close_under_way_on_a_daemon_thread(
     assert "main thread exits" in lines and "shutdown finished" in lines, out
     assert lines.index("shutdown finished") > lines.index("main thread exits")
     pid = int(out.split("worker ", 1)[1].split()[0])
-    _wait_exited([pid])
+    wait_processes_exited([pid])
 
 
 _CLOSE_FROM_A_FINALIZER_IN_THE_HOOK = """
