@@ -301,6 +301,10 @@ def test_encode_errors_name_the_leaf():
     with pytest.raises(jaxcolo.EncodeError, match="carries state"):
         from jax._src.core import NamedAxisEffect
         jaxcolo.serialize(NamedAxisEffect("i"))
+    from jax._src.state.types import ReadEffect  # JAX's, found by no reader
+    with pytest.raises(jaxcolo.EncodeError,
+                       match=r"ReadEffect\(0\).*carries state.*to_bytes="):
+        jaxcolo.serialize(ReadEffect(0))
 
 
 def test_stateful_effect_registry():
@@ -357,6 +361,71 @@ def test_payload_memos_change_nothing(monkeypatch):
     monkeypatch.setattr(memo, "_enabled", False)
     assert jaxcolo.serialize(tree) == data  # and the same without the memos
     assert jaxcolo.deserialize(data) == tree
+
+
+def _module_with_namedtuple(name: str, type_name: str = "Pair"):
+    """A new imported module ``name`` defining namedtuple ``type_name``."""
+    import collections
+    import sys
+    import types
+    module = types.ModuleType(name)
+    setattr(module, type_name, collections.namedtuple(
+        type_name, ["a", "b"], module=name))
+    sys.modules[name] = module
+    return module
+
+
+def test_memos_follow_later_namedtuple_registration():
+    """A namedtuple written by its module name, then registered with
+    jax.export under another name, is written under that name (the encode
+    memo and the flattened-tree cache held the old one)."""
+    from jax import export
+    module = _module_with_namedtuple("jaxcolo_test_late_registration")
+    s = jax.ShapeDtypeStruct((2,), np.float32)
+    before = jaxcolo.serialize(module.Pair(s, None), compress=False)
+    assert b"jaxcolo_test_late_registration:Pair" in before
+    export.register_namedtuple_serialization(
+        module.Pair, serialized_name="tests.LatePair")
+    for _ in range(2):  # a new tree, then the same leaves again
+        after = jaxcolo.serialize(module.Pair(s, None), compress=False)
+        assert b"tests.LatePair" in after and b"test_late_registration" \
+            not in after
+    assert jaxcolo.deserialize(after) == module.Pair(s, None)
+
+
+def test_memos_follow_a_redefined_namedtuple():
+    """A module that rebinds a namedtuple's name (a re-run notebook cell,
+    importlib.reload): decodes give the class the name refers to now, and
+    encoding an instance of the old class fails as it would uncached."""
+    import collections
+    name = "jaxcolo_test_redefined_namedtuple"
+    module = _module_with_namedtuple(name, "Point")
+    s = jax.ShapeDtypeStruct((2,), np.float32)
+    old = module.Point(s, None)
+    data = jaxcolo.serialize(old)
+    assert type(jaxcolo.deserialize(data)) is module.Point  # (memoized)
+    module.Point = collections.namedtuple("Point", ["a", "b"], module=name)
+    back = jaxcolo.deserialize(data)
+    assert type(back) is module.Point and back == module.Point(s, None)
+    assert jax.tree_util.tree_structure(back) == \
+        jax.tree_util.tree_structure(module.Point(s, None))
+    with pytest.raises(jaxcolo.EncodeError, match="shadowed"):
+        jaxcolo.serialize(old)
+
+
+def test_encode_memo_notes_scopes_for_old_readers():
+    """Payloads for readers before 6 name a scope by its constraints alone:
+    the reader takes the scope latest encoded with them.  Encoding the same
+    tree again must note its scope again (it was a memo hit that did not)."""
+    from jax import export
+    x = jax.ShapeDtypeStruct(export.symbolic_shape("b, 4"), np.float32)
+    y = jax.ShapeDtypeStruct(export.symbolic_shape("n"), np.float32)
+    jaxcolo.serialize(x, version=5)
+    jaxcolo.serialize(y, version=5)  # another scope, equal (no) constraints
+    back = jaxcolo.deserialize(jaxcolo.serialize(x, version=5))
+    assert back == x
+    assert back.shape[0].scope is x.shape[0].scope
+    assert str(back.shape[0] + x.shape[0]) == "2*b"
 
 
 def test_uniform_leaves_path_matches_general_loop(monkeypatch):

@@ -84,6 +84,12 @@ def _effect_item(eff, path):
         name = _qualified(t)
         found = effect_type_by_name(name)
         if found is None or found[0] is not t:  # a reader could not find it
+            if not _is_stateless(eff):
+                raise EncodeError(
+                    f"effect {eff!r} (type {name!r}) carries state and is "
+                    "not registered; register it on both sides with "
+                    "jaxcolo.register_effect(type, to_bytes=..., "
+                    "from_bytes=...)", path)
             raise EncodeError(
                 f"effect type {name!r} is neither registered nor one of "
                 "JAX's effect types; register it on both sides with "

@@ -11,12 +11,18 @@ repeat cheap without changing any result:
   (auxdata is meant to be immutable).  Only
   payloads decoded with the default device resolver and without symbolic
   scopes are kept (a custom resolver may map ids differently next time, and
-  symbolic dims must bind to the scope that is live at decode time).
-* ``EncodeMemo``: (version, PyTreeDef, the leaves' identities, the context
-  mesh) -> payload.  The memo holds the leaves themselves, so an identity
-  can't be reused by another object while its entry lives; the context mesh
-  (``jax.set_mesh``) is in the key because a ShapeDtypeStruct made with a
-  bare PartitionSpec resolves its sharding against it.
+  symbolic dims must bind to the scope that is live at decode time), and a
+  hit counts only while the pytree registries and the classes the decode
+  found by name are the same (a namedtuple redefined by a re-run notebook
+  cell is found anew).
+* ``EncodeMemo``: (version, PyTreeDef with the pytree registries'
+  generation, the leaves' identities, the context mesh) -> payload.  The
+  memo holds the leaves themselves, so an identity can't be reused by
+  another object while its entry lives; the context mesh (``jax.set_mesh``)
+  is in the key because a ShapeDtypeStruct made with a bare PartitionSpec
+  resolves its sharding against it.  Payloads with symbolic dims are not
+  kept: encoding one notes its scopes as the latest of their constraints,
+  which readers of tokenless scopes go by.
 
 Both are bounded -- entries, and bytes: a payload is memoized only if it
 and its flatbuffer body (inflated: what an entry holds grows with the body,
@@ -106,19 +112,20 @@ def _charge(data, body_size: int, leaves) -> int:
 
 
 def lookup_decoded(data):
-    """The memoized (treedef, leaves) of payload ``data``, or None (also
+    """What ``remember_decoded`` kept for payload ``data``, or None (also
     while versions.noting_used: the body must be read to be noted)."""
     if not _enabled or len(data) > MAX_PAYLOAD or versions.noting():
         return None
     return DECODED.get(bytes(data))
 
 
-def remember_decoded(data, body_size: int, treedef, leaves) -> None:
+def remember_decoded(data, body_size: int, entry) -> None:
     """Memoize the decode of ``data`` (whose flatbuffer body, inflated, is
-    ``body_size`` bytes)."""
+    ``body_size`` bytes) as ``entry``: (treedef, leaves, ...) -- the caller
+    decides on a hit whether the rest still holds."""
     if _enabled and len(data) <= MAX_PAYLOAD and body_size <= MAX_PAYLOAD:
-        DECODED.put(bytes(data), (treedef, tuple(leaves)),
-                    _charge(data, body_size, leaves))
+        entry = (entry[0], tuple(entry[1]), *entry[2:])
+        DECODED.put(bytes(data), entry, _charge(data, body_size, entry[1]))
 
 
 def encode_key(version, treedef_key, leaves):

@@ -72,6 +72,28 @@ def found_by_name(t, name: str) -> bool:
     return resolve_imported(name) is t
 
 
+def still_found(found) -> bool:
+    """Whether every ``(type, name)`` of ``found`` (namedtuples a writer or
+    reader found by name) is still what its name refers to: a cached
+    encode or decode holding them is stale once a module rebinds a name
+    (a notebook cell re-run, ``importlib.reload``)."""
+    return all(found_by_name(t, name) for t, name in found)
+
+
+# Bumped when register_default_factory changes what a name stands for.
+_factory_changes = [0]
+
+
+def registry_generation() -> tuple:
+    """A value that changes whenever a registration that decides how a pytree
+    node is written or read changes: jax.export's serialization registries
+    and JAX's pytree registry (which only grow) and the default factories.
+    Caches of flattened or decoded trees hold it and compare it."""
+    return (len(jexport.serialization_registry),
+            len(jexport.deserialization_registry), len(jtu._registry),
+            _factory_changes[0])
+
+
 def is_namedtuple(t) -> bool:
     return (isinstance(t, type) and issubclass(t, tuple)
             and isinstance(getattr(t, "_fields", None), tuple))
@@ -154,7 +176,9 @@ def register_default_factory(factory) -> None:
     if name is None or resolve_imported(name) is not factory:
         raise ValueError(f"default_factory {factory!r} must be a named "
                          "module-level callable")
-    DEFAULT_FACTORIES[name] = factory
+    if DEFAULT_FACTORIES.get(name) is not factory:
+        DEFAULT_FACTORIES[name] = factory
+        _factory_changes[0] += 1
 
 
 for _factory in (list, dict, set, frozenset, tuple, int, float, complex, str,

@@ -74,7 +74,7 @@ def node_spec(kind, t, n, path):
         raise PayloadError("node type name missing", f"{path}.name")
     if kind == NodeKind.namedtuple:
         fields = tuple(t.strings(LD.fields, path, "fields"))
-        nt = _lookup_namedtuple(name, path, fields)
+        nt = _lookup_namedtuple(name, path, fields, t.buf.memo)
         if is_custom_node(nt):  # rebuilt as such, with no auxdata
             raise PayloadError(
                 f"namedtuple {name!r} is a custom pytree node here, the "
@@ -120,9 +120,18 @@ def _short(x) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _lookup_namedtuple(name, path, fields):
+# Buffer.memo key: (type, name) of the namedtuples the buffer's trees found
+# by name (a decode cached past a rebinding of such a name is stale).
+FOUND_BY_NAME = "namedtuples found by name"
+
+
+def _lookup_namedtuple(name, path, fields, buf_memo):
     reg = jexport.deserialization_registry.get(name)
-    nt = reg[0] if reg is not None else resolve_namedtuple(name, fields)
+    if reg is not None:
+        nt = reg[0]
+    else:
+        nt = resolve_namedtuple(name, fields)
+        buf_memo.setdefault(FOUND_BY_NAME, []).append((nt, name))
     if not is_namedtuple(nt):
         raise UnregisteredError(
             f"namedtuple type {name!r} is neither registered (jax.export."

@@ -23,7 +23,8 @@ from jaxcolo_fb import LeafKind
 from jaxcolo_fb import NodeKind
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
-    found_by_name, is_namedtuple, plain_namedtuple, qualified
+    found_by_name, is_namedtuple, plain_namedtuple, qualified, \
+    registry_generation, still_found
 from jaxcolo.codec.node_data import node_spec, type_name
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
@@ -88,7 +89,8 @@ _WITH_DATA = frozenset((NodeKind.dict, NodeKind.namedtuple,
 class FlatTree:
     """A PyTreeDef flattened to the wire's preorder arrays."""
 
-    __slots__ = ("kinds", "arities", "node_data", "copies", "features")
+    __slots__ = ("kinds", "arities", "node_data", "copies", "features",
+                 "by_name")
 
     def __init__(self):
         self.kinds = bytearray()
@@ -96,6 +98,7 @@ class FlatTree:
         self.node_data: list[tuple] = []
         self.copies = 0  # node copies a reader makes rebuilding it
         self.features: set = set()  # versions.py features it needs
+        self.by_name: list = []  # (type, name) of namedtuples named as such
 
 
 def require_features(writer, flat: FlatTree, path: str) -> None:
@@ -181,6 +184,8 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
                 "module (defined inside a function, or shadowed), so no "
                 "reader can find it by name: register it with "
                 "jax.export.register_namedtuple_serialization", _path(where))
+        if reg is None:
+            out.by_name.append((t, name))
         out.kinds.append(NodeKind.namedtuple)
         out.node_data.append(("namedtuple", name, list(t._fields)))
     elif is_namedtuple(t) and (
@@ -236,8 +241,10 @@ _FLAT_CACHE_MAX = 1024
 def treedef_key(td):
     """A cache key of ``td`` that tells apart treedefs which compare equal
     but encode differently: ``{1: x}`` == ``{True: x}`` == ``{1.0: x}``, and
-    a StrEnum key equals its str; their reprs differ."""
-    return td, str(td)
+    a StrEnum key equals its str; their reprs differ.  It holds the
+    registries' generation: a node type registered for serialization after
+    a tree was cached is written under its new name."""
+    return td, str(td), registry_generation()
 
 
 def flatten_treedef(td, path: str = "$", key=None) -> FlatTree:
@@ -249,8 +256,8 @@ def flatten_treedef(td, path: str = "$", key=None) -> FlatTree:
         hit = _FLAT_CACHE.get(key)
     except TypeError:  # auxdata not hashable
         hit = None
-    if hit is not None:
-        return hit
+    if hit is not None and (not hit.by_name or still_found(hit.by_name)):
+        return hit  # (else: a name was rebound; flattening says so)
     out = FlatTree()
     _flatten_node(td, out, path)
     try:

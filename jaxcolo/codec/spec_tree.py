@@ -18,6 +18,7 @@ from jaxcolo import envelope, versions
 from jaxcolo.codec import core, memo, names
 from jaxcolo.codec.effects import PRNGImpl, decode_prng_impl
 from jaxcolo.codec.mesh import make_resolver
+from jaxcolo.codec.node_data import FOUND_BY_NAME
 from jaxcolo.codec.pytree import SPEC_LEAF_TYPES, SpecLeafAsNode, build_treedef, \
     copy_budget, decode_treedef, flatten_treedef, require_features, \
     treedef_key
@@ -255,6 +256,8 @@ def encode_spec_tree(obj, version: int | None = None,
         _check_copy_budget(writer, flat, len(body))
     data = envelope.seal(body, RootKind.spec_tree, version,
                          writer.min_reader, compress)
+    if writer.items("scopes"):  # each encode notes its scopes (scopes.py)
+        key = None
     memo.remember_encoded(key, leaves, data, len(body))
     return data
 
@@ -305,9 +308,11 @@ def open_spec_tree(data, reader_version=None, header=None):
 def decode_spec_tree(data, device_resolver=None, header=None):
     """The object of spec-tree payload ``data``; ``header``: its envelope
     header, already read and checked by the caller."""
+    generation = names.registry_generation()
     if device_resolver is None:
         hit = memo.lookup_decoded(data)
-        if hit is not None:
+        if hit is not None and hit[2] == generation and (
+                not hit[3] or names.still_found(hit[3])):
             return hit[0].unflatten(hit[1])
     header, buf, root = open_spec_tree(data, header=header)
     reader = core.Reader(buf, root, L, make_resolver(device_resolver),
@@ -317,7 +322,10 @@ def decode_spec_tree(data, device_resolver=None, header=None):
     obj = _unflatten(structure, leaves)
     if device_resolver is None and names.foreign_lookups() == foreign and \
             not root.vector_length(L.scopes, 4, "$", "scopes"):
-        memo.remember_decoded(data, buf.size, structure, leaves)
+        # valid while the registries and the names it found stay the same
+        memo.remember_decoded(data, buf.size, (
+            structure, leaves, generation,
+            tuple(buf.memo.get(FOUND_BY_NAME, ()))))
     return obj
 
 
