@@ -733,6 +733,27 @@ def test_started_workers_get_the_controllers_jax_config():
             jax.config.update(n, v)
 
 
+def _plus_one(x):
+    return x + 1
+
+
+def test_64_bit_arrays_a_worker_without_x64_cannot_hold_are_refused(one_host):
+    """x64 turned on after the workers started: float64 inputs were made
+    float32 there, silently dropping the values' low bits (or the reply
+    did not match its spec)."""
+    f = jaxcolo.colocated_python(_plus_one)
+    dev = cpu_devices()[0]
+    with jaxcolo.use_executor(one_host):
+        with jax.enable_x64(True):
+            x = jax.device_put(np.array([2.0**40 + 1, 1 / 3]), dev)
+            assert x.dtype == np.float64
+            with pytest.raises(ValueError,
+                               match=r"float64 arrays, but jax_enable_x64 "
+                                     r"is off in this process"):
+                f(x)
+        assert float(f(put(np.float32(1.5), dev))) == 2.5  # still serving
+
+
 def _used_and_dropped():
     ex = jaxcolo.ProcessExecutor(num_hosts=2)
     f = jaxcolo.colocated_python(lambda x: x + 1).specialize(

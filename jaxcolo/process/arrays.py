@@ -132,6 +132,8 @@ class Layout:
             self.np_dtype = np.dtype(np.uint32)
         elif _is_str(spec.dtype):
             self.kind = "str"
+        else:
+            check_holdable(spec.dtype)
         self.is_bool = self.kind == "raw" and \
             np.dtype(self.np_dtype) == np.bool_  # bytes checked: 0 or 1
         self.aval = core.ShapedArray(
@@ -159,6 +161,21 @@ class Layout:
         self.devices = [p[0] for p in parts]
         self.single = (len(parts) == 1 and isinstance(
             sharding, jax.sharding.SingleDeviceSharding))
+
+
+def check_holdable(dtype) -> None:
+    """ValueError unless this process's jax.Arrays can have ``dtype``:
+    with jax_enable_x64 off, JAX would make a 64-bit array 32-bit and
+    silently drop the values' upper bits."""
+    dtype = np.dtype(dtype)
+    canonical = jax.dtypes.canonicalize_dtype(dtype)
+    if canonical != dtype:
+        raise ValueError(
+            f"{dtype.name} arrays, but jax_enable_x64 is off in this process "
+            f"(JAX would make them {canonical.name}): started workers take "
+            "the controller's jax config as it is when the executor is "
+            "created -- enable x64 before creating it (running workers: "
+            "start them with JAX_ENABLE_X64=1)")
 
 
 def _host(layout: Layout, part, buf, fmt, where: str):
