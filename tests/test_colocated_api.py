@@ -130,6 +130,28 @@ def test_out_specs_fn_skips_discovery(executor):
     assert len(calls) == 2
 
 
+def _returns_none(x):
+    return None
+
+
+def test_out_specs_fn_returning_none_is_known_specs(executor):
+    """None is the output spec of a function returning nothing (as in JAX:
+    a known, empty output): it was taken for no out_specs_fn, so the first
+    call ran a discovery and an output not matching None was accepted."""
+    x = put(1, cpu_devices()[0])
+    f = jaxcolo.colocated_python(_returns_none).specialize(
+        out_specs_fn=lambda x: None)
+    assert f(x) is None and f.submit(x).result(timeout=60) is None
+    assert len(f.programs()) == 1  # no discovery program
+    assert jaxcolo.inspect(f.programs()[0].payload)["out_specs"][
+        "num_leaves"] == 0
+    g = jaxcolo.colocated_python(lambda x: x).specialize(
+        out_specs_fn=lambda x: None)
+    with pytest.raises(ValueError, match=r"output structure PyTreeDef\(\*\) "
+                                         r"does not match.*PyTreeDef\(None\)"):
+        g(x)
+
+
 def test_discovery_runs_once_per_signature(executor):
     # The body is pickled by value: host-side state lives in a module.
 

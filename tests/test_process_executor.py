@@ -122,6 +122,25 @@ def _dtype_by_host(a):
     return a if jax.process_index() == 0 else a.astype(jnp.int32)
 
 
+def _on_default_device():
+    return jnp.arange(8.0)
+
+
+def test_output_mismatch_names_devices_as_the_caller_does(two_hosts):
+    """Host 1's output on its own default device, against a spec on
+    device 0: the error named the worker's device (id 2048) only."""
+    devs = cpu_devices()
+    spec = jax.ShapeDtypeStruct((8,), jnp.float32,
+                                sharding=SingleDeviceSharding(devs[0]))
+    f = jaxcolo.colocated_python(_on_default_device).specialize(
+        devices=devs, out_specs_fn=lambda: spec)
+    with jaxcolo.use_executor(two_hosts):
+        with pytest.raises(ValueError, match=(
+                r"does not match its out spec: got .*CpuDevice\(id=2048\).*"
+                r"\(devices \[4\] in the caller's numbering\), expected")):
+            f()
+
+
 def test_hosts_discovering_different_specs_is_an_error(two_hosts):
     """A discovery call whose hosts return different specs used to take
     host 0's and reinterpret the other hosts' bytes with them."""
@@ -622,7 +641,9 @@ def test_per_call_timeout(one_host, tmp_path):
         with one_host.timeout(0.3), pytest.raises(
                 jaxcolo.ExecutorError,
                 match=r"^slow: call timed out after 0.3s on host\(s\) \[0\]; "
-                      "it may still run there, its result will be dropped$"):
+                      r"it may still run there, its result will be dropped "
+                      r"\(a host runs a thread's calls in program order: .*"
+                      r"timed out and still runs\)$"):
             f(x)
         assert time.monotonic() - t0 < 1.4  # before the function ends
         assert int(f(x)) == 1  # no timeout outside the block
@@ -752,6 +773,51 @@ def test_64_bit_arrays_a_worker_without_x64_cannot_hold_are_refused(one_host):
                                      r"is off in this process"):
                 f(x)
         assert float(f(put(np.float32(1.5), dev))) == 2.5  # still serving
+
+
+def _hold_the_gil(seconds):
+    """Run Python for ``seconds`` without letting another thread of this
+    process run (as C code holding the GIL does), burning CPU."""
+    import sys
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(seconds + 30)
+    try:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+    finally:
+        sys.setswitchinterval(old)
+
+
+def _busy_then_plus_one(x):
+    _hold_the_gil(2.5)
+    return x + 1
+
+
+@pytest.mark.parametrize("where", ["controller", "worker"])
+def test_a_busy_process_loses_no_worker(caplog, where):
+    """A process holding its GIL longer than lost_timeout: the controller
+    (its readers and watchdog stopped while the heartbeats waited unread)
+    lost its healthy worker when it resumed, and a function holding the
+    worker's GIL (no heartbeats, but working) got its worker killed.
+    Class instances living there were lost with it."""
+    f = jaxcolo.colocated_python(_plus_one)
+    busy = jaxcolo.colocated_python(_busy_then_plus_one)
+    dev = cpu_devices()[0]
+    with jaxcolo.ProcessExecutor(num_hosts=1, lost_timeout=1.0,
+                                 heartbeat=0.2) as ex, \
+            jaxcolo.use_executor(ex), \
+            caplog.at_level(logging.WARNING, logger="jaxcolo.executor"):
+        pid = ex.worker_pids()[0]
+        assert int(f(put(np.int32(1), dev))) == 2
+        if where == "controller":
+            _hold_the_gil(2.5)
+            time.sleep(0.5)  # (its watchdog looks again)
+        else:
+            assert int(busy(put(np.int32(3), dev))) == 4
+        assert int(f(put(np.int32(2), dev))) == 3
+        assert ex.worker_pids() == [pid]
+    assert "was lost" not in caplog.text
 
 
 def _used_and_dropped():

@@ -101,11 +101,15 @@ class FunctionTarget:
                           what=f"colocated function {self.name!r}")
 
 
+# No out_specs_fn: the output specs are discovered by the first call.
+NO_OUT_SPECS = object()
+
+
 class Specialized:
     """One specialisation: specs, devices, and its programs per version."""
 
     def __init__(self, target, in_treedef, in_leaves: tuple,
-                 devices: xc.DeviceList, out_tree=None):
+                 devices: xc.DeviceList, out_tree=NO_OUT_SPECS):
         self.target = target
         self.name = target.name
         self.track = target.track
@@ -122,7 +126,7 @@ class Specialized:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._discovering = False
-        if out_tree is not None:
+        if out_tree is not NO_OUT_SPECS:  # (None: a function returning None)
             self._set_out_specs(out_tree, "out_specs_fn result")
 
     def _set_out_specs(self, tree, what: str) -> None:
@@ -414,7 +418,7 @@ class ColocatedFunction:
         spec = self._specialization
         if devices is None:
             devices = spec.devices or specs_mod.infer_devices(leaves)
-        out_tree = None
+        out_tree = NO_OUT_SPECS
         if spec.out_specs_fn is not None:  # given strong specs, as in JAX
             a, kw = treedef.unflatten([specs_mod.strong(s) for s in in_leaves])
             out_tree = spec.out_specs_fn(*a, **kw)

@@ -10,6 +10,8 @@ import jax
 from jax._src import core
 from jax._src.lib import xla_client as xc
 
+from jaxcolo.codec.mesh import payload_id
+
 
 def get_spec(x: Any) -> jax.ShapeDtypeStruct:
     """The spec of a call argument or result, which must be a jax.Array."""
@@ -143,6 +145,20 @@ def describe_mismatch(x, spec) -> str:
     if not all(hasattr(x, a) for a in ("shape", "dtype", "sharding")):
         return (f"got {type(x).__name__}, expected a jax.Array of shape="
                 f"{spec.shape} dtype={spec.dtype} sharding={spec.sharding}")
-    return (f"got shape={x.shape} dtype={x.dtype} sharding={x.sharding}, "
-            f"expected shape={spec.shape} dtype={spec.dtype} "
-            f"sharding={spec.sharding}")
+    return (f"got shape={x.shape} dtype={x.dtype} sharding={x.sharding}"
+            f"{_payload_devices(x.sharding)}, expected shape={spec.shape} "
+            f"dtype={spec.dtype} sharding={spec.sharding}"
+            f"{_payload_devices(spec.sharding)}")
+
+
+def _payload_devices(sharding) -> str:
+    """Where a process's device ids differ from the ones its payloads use
+    (a worker's), " (devices [ids] in the caller's numbering)"; else ""."""
+    try:
+        devices = sharding._device_assignment
+        ids = [payload_id(d) for d in devices]
+    except Exception:  # noqa: BLE001 - a message detail only
+        return ""
+    if ids == [d.id for d in devices]:
+        return ""
+    return f" (devices {ids} in the caller's numbering)"

@@ -464,7 +464,10 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
             call.fail(ExecutorError(
                 f"{call.plan.name}: call timed out after {seconds}s on "
                 f"host(s) {list(call.plan.hosts)}; it may still run there, "
-                "its result will be dropped" if call.call_ids else
+                "its result will be dropped (a host runs a thread's calls in "
+                "program order: this one may wait there behind the thread's "
+                "earlier calls, such as one that timed out and still runs)"
+                if call.call_ids else
                 f"{call.plan.name}: call timed out after {seconds}s before "
                 "it was sent (it waited for this thread's earlier calls on "
                 "other hosts); it was not sent"))

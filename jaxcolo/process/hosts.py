@@ -40,6 +40,9 @@ log = logging.getLogger("jaxcolo.executor")
 READ_POLL = 0.05    # seconds between checks of a reader's stop condition
 IDLE_READ = 0.2     # the background reader reads after this long unread
 CLOSE_SEND_WAIT = 1.0  # close() skips the shutdown message behind a stuck send
+# A silent started worker that used at least this share of a watchdog
+# period in CPU time is busy, not lost.
+BUSY_SHARE = 0.25
 
 
 class HostLink:
@@ -96,16 +99,32 @@ class HostLink:
 
     def _watch(self) -> None:
         """Lose the worker after ``lost_timeout`` s without a frame (it
-        sends heartbeats when idle; the frames of a long reply count)."""
+        sends heartbeats when idle; the frames of a long reply count).
+
+        Silence is no loss while frames wait unread (this process was too
+        busy to read them: C code holding the GIL stops its readers and this
+        watchdog alike), nor, for a worker this process started, while the
+        worker keeps using CPU time (a function holding the worker's GIL
+        stops its heartbeats, not its work)."""
         period = min(1.0, self._lost_timeout / 4)
+        pid = self._started_pid
+        cpu = cpu_seconds(pid) if pid is not None else None
         while not self._lost:
             time.sleep(period)
+            was, cpu = cpu, (cpu_seconds(pid) if pid is not None else None)
             silent = min(time.monotonic() - self.last_seen,
                          self.channel.silent_for())
-            if silent > self._lost_timeout and not self._lost:
-                self.lost(f"no message for {silent:.1f}s (heartbeats "
-                          "stopped)")
-                return
+            if silent <= self._lost_timeout or self._lost:
+                continue
+            if self.channel.input_waiting():
+                self.kick()  # (read by a caller, else in the background)
+                continue
+            if cpu is not None and was is not None and \
+                    cpu - was >= period * BUSY_SHARE:
+                continue  # working, GIL held: no heartbeats, no reply yet
+            self.lost(f"no message for {silent:.1f}s (heartbeats "
+                      "stopped)")
+            return
 
     def _setup(self, use_shm: bool, heartbeat: float, timeout: float) -> None:
         token = secrets.token_bytes(16)
@@ -403,6 +422,23 @@ class HostLink:
 def controller_hello(min_version=None, max_version=None):
     return handshake.local_hello("controller", min_version=min_version,
                                  max_version=max_version)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time process ``pid`` has used (all its threads), or None where
+    that cannot be read (no /proc, process gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+try:
+    _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+except (AttributeError, ValueError, OSError):  # pragma: no cover - no sysconf
+    _CLOCK_TICKS = 100
 
 
 def pid_alive(pid: int) -> bool:

@@ -228,6 +228,16 @@ class Channel:
         except (OSError, ValueError):
             return True  # recv reports what went wrong
 
+    def input_waiting(self) -> bool:
+        """Whether bytes (or EOF) wait to be read, now; for any thread (the
+        receiving thread's poll object is not shared)."""
+        try:
+            p = select.poll()
+            p.register(self._fd, select.POLLIN)
+            return bool(p.poll(0))
+        except (OSError, ValueError):
+            return False
+
     def send(self, frame, deadline: float | None = None) -> None:
         """Send one frame; see :meth:`send_frames`."""
         self.send_frames((frame,), deadline)
