@@ -165,8 +165,8 @@ class Layout:
 
 def check_holdable(dtype) -> None:
     """ValueError unless this process's jax.Arrays can have ``dtype``:
-    with jax_enable_x64 off, JAX would make a 64-bit array 32-bit and
-    silently drop the values' upper bits."""
+    with jax_enable_x64 off, JAX would make a 64-bit array 32-bit,
+    silently losing range or precision."""
     dtype = np.dtype(dtype)
     canonical = jax.dtypes.canonicalize_dtype(dtype)
     if canonical != dtype:
