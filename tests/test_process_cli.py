@@ -386,6 +386,39 @@ def test_closing_right_after_a_failed_multi_host_call_keeps_workers_serving(
                     bad(x)
 
 
+def _sleep_then_sum_everywhere(x):
+    import jax.numpy as jnp
+    time.sleep(1.5)
+    return jax.jit(lambda a: jnp.broadcast_to(a.sum(), a.shape),
+                   out_shardings=x.sharding)(x)
+
+
+def test_closing_during_a_healthy_multi_host_call_keeps_workers_serving(
+        keyfile):
+    """close() while a multi-host call runs on every host: the call ends
+    well (its collectives met), but a reply through shared memory could not
+    be packed for a controller that was gone, which counted as the call
+    failing after its session ended: the workers refused every later
+    controller's multi-host calls for good (inline replies did not)."""
+    with _workers(keyfile, *_cluster_args()) as (procs, addrs):
+        f = jaxcolo.colocated_python(_sleep_then_sum_everywhere)
+        x = jax.device_put(np.ones(1 << 20, np.float32), NamedSharding(
+            Mesh(np.array(cpu_devices()), ("x",)), P("x")))
+        with jaxcolo.ProcessExecutor(addresses=addrs,
+                                     authkey=keyfile.read_bytes()) as ex, \
+                jaxcolo.use_executor(ex):
+            assert float(f(x)[0]) == 1 << 20
+            future = f.submit(x)
+            time.sleep(0.5)
+        with pytest.raises(jaxcolo.ExecutorError, match="closed while"):
+            future.result()
+        time.sleep(2.5)  # the call ends on both hosts
+        with jaxcolo.ProcessExecutor(addresses=addrs,
+                                     authkey=keyfile.read_bytes()) as ex, \
+                jaxcolo.use_executor(ex), ex.timeout(60):
+            assert float(f(x)[0]) == 1 << 20
+
+
 def _sleep_then_add(x):
     time.sleep(float(x.addressable_shards[0].data.ravel()[0]))
     return x + 1

@@ -387,7 +387,7 @@ class Session:
                     return              # that is gone
                 self._multi_running.add(call_id)
         packer = outs = data = key = None
-        failed = False
+        failed = ran = False  # ran: the function returned (collectives met)
         try:
             if discover:
                 self.stats["discoveries"] += 1
@@ -398,6 +398,7 @@ class Session:
                 outs = self._inline.call(entry.ref, args, lane=lane,
                                          checked=True)
                 specs = None
+            ran = True
             del args
             # every output in the message: its template, without a Packer
             inline = None if discover else packing.inline_shards(outs)
@@ -425,7 +426,9 @@ class Session:
                 self._gate.end_turn(call_id, failed)
                 with self._multi_lock:
                     self._multi_running.discard(call_id)
-                WEDGE.finished(self, call_id, failed)
+                # only the function failing can leave collectives out of
+                # step (not its reply, e.g. for a controller that is gone)
+                WEDGE.finished(self, call_id, failed and not ran)
         self._send_reply(call_id, reply, frames, packer, data)
         if key is not None and data is None:  # the next such reply: fast
             templates.remember_inline(key, reply, self.version, inline[1])
