@@ -191,6 +191,28 @@ def test_silent_and_malformed_peers_are_dropped():
         lis.close()
 
 
+def test_a_peer_closing_during_setup_is_named():
+    """A server that accepts and closes (as a worker busy greeting other
+    peers does): the error read 'connection setup failed ()'."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def accept_and_close():
+        conn, _ = srv.accept()
+        conn.close()
+    t = threading.Thread(target=accept_and_close, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(ExecutorError, match=r"^connection setup failed: "
+                                                r"the peer closed the "
+                                                r"connection"):
+            ch.connect(srv.getsockname(), KEY, hs.local_hello("controller"))
+    finally:
+        t.join(10)
+        srv.close()
+
+
 def test_recv_timeout_and_peer_close():
     lis, got = _echo_listener()
     try:

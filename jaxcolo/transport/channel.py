@@ -343,7 +343,10 @@ def _authenticate_and_greet(sock, authkey: bytes, hello, timeout: float,
     except (EOFError, OSError) as e:
         conn.close()
         sock.close()
-        why = "timed out" if dog.fired else f"failed ({e or type(e).__name__})"
+        why = ("timed out" if dog.fired else
+               "failed: the peer closed the connection"
+               if isinstance(e, EOFError) else
+               f"failed ({str(e) or type(e).__name__})")
         raise ExecutorError(f"connection setup {why}") from None
     except PayloadError:
         conn.close()
