@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxcolo
 from jaxcolo.process.launch import free_port
-from tests.colocated_support import cpu_devices, put
+from tests.colocated_support import cpu_devices, ok_call, put
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -162,6 +162,51 @@ def test_a_terminated_worker_command_removes_its_segments(keyfile):
             procs[0].wait(10)
             assert segments(procs[0].pid) == []
             assert float(out[0]) == 1.0  # its mapping lives on
+
+
+_KILLED_CONTROLLER = """
+import os, sys
+import jax, numpy as np, jaxcolo
+from tests.colocated_support import cpu_devices
+f = jaxcolo.colocated_python(lambda x: x + 1).specialize(
+    out_specs_fn=lambda x: x)
+ex = jaxcolo.ProcessExecutor(addresses=[sys.argv[1]],
+                             authkey=open(sys.argv[2], "rb").read())
+with jaxcolo.use_executor(ex):
+    f(jax.device_put(np.zeros(1 << 20, np.float32), cpu_devices()[0]))
+pool = ex._links[0].pool  # a segment made, not announced yet: as if killed
+with open(os.path.join("/dev/shm", pool.prefix + "-unsent"), "wb") as seg:
+    seg.truncate(1 << 16)  # while it made one for a call
+print(pool.prefix, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_controllers_segments_are_removed_by_its_worker(keyfile):
+    """A controller killed (-9) while it used a running worker: the worker
+    removed the segments it had been sent, not the ones the controller
+    had made and not announced yet (left in tmpfs for good)."""
+    with _workers(keyfile, ("--listen", "127.0.0.1:0")) as (procs, addrs):
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        child = subprocess.Popen(
+            [sys.executable, "-c", _KILLED_CONTROLLER, addrs[0],
+             str(keyfile)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, env=env)
+        try:
+            prefix = child.stdout.readline().strip()
+            assert prefix.startswith(f"jaxcolo-{child.pid}-")
+            assert len([n for n in os.listdir("/dev/shm")
+                        if n.startswith(prefix)]) >= 2
+        finally:
+            child.kill()
+            child.wait(10)
+        deadline = time.monotonic() + 10
+        while [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]:
+            assert time.monotonic() < deadline, os.listdir("/dev/shm")
+            time.sleep(0.05)
+        with jaxcolo.ProcessExecutor(addresses=addrs,
+                                     authkey=keyfile.read_bytes()) as ex:
+            assert ok_call(ex) == 42  # and the worker serves the next one
 
 
 def test_a_controller_stalling_mid_frame_is_disconnected(keyfile):

@@ -475,8 +475,11 @@ class Session:
         if self._pool is not None:
             self._pool.close()
         # the controller's segments are this session's: a controller killed
-        # with a call in flight cannot unlink them (one that closed did)
+        # with a call in flight cannot unlink them (one that closed did),
+        # nor the ones it made and had not announced yet
         self._maps.unlink_all()
+        if not self.shutdown_requested:
+            self._maps.unlink_dead_owners()
         self._maps.clear()
         try:
             self._inline.close()

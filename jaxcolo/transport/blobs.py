@@ -363,6 +363,24 @@ class SegmentMaps:
             for name in self.names.values():
                 unlink(name)
 
+    def unlink_dead_owners(self) -> None:
+        """Remove every segment file of the peer pools whose segments were
+        seen, when the process that made them is dead: killed, it may have
+        made segments it never announced, which nobody else would find.
+        (Pool names are ``jaxcolo-<pid>-<token>-<tag>``: the random token
+        keeps another process that got the same pid out of it.)"""
+        with self._lock:
+            names = list(self.names.values())
+        pools = set()
+        for name in names:
+            parts = name.split("-")
+            if len(parts) >= 5 and parts[0] == "jaxcolo" and \
+                    parts[1].isdigit():
+                pools.add((int(parts[1]), "-".join(parts[:4]) + "-"))
+        for pid, prefix in pools:
+            if not _pid_alive(pid):
+                _unlink_prefixed(prefix)
+
     def clear(self) -> None:
         """Close the segments (mappings in use live on)."""
         with self._lock:
@@ -376,7 +394,27 @@ class SegmentMaps:
 def unlink_process_segments(pid: int) -> None:
     """Remove every segment file a (lost) process ``pid`` of this machine
     created: SegmentPool names start with ``jaxcolo-<pid>-``."""
-    prefix = f"jaxcolo-{int(pid)}-"
+    _unlink_prefixed(f"jaxcolo-{int(pid)}-")
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed but not yet reaped by
+    its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _unlink_prefixed(prefix: str) -> None:
+    """Remove this user's segment files whose names start with ``prefix``."""
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
