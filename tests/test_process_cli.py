@@ -209,6 +209,22 @@ def test_a_killed_controllers_segments_are_removed_by_its_worker(keyfile):
             assert ok_call(ex) == 42  # and the worker serves the next one
 
 
+def test_a_device_no_connected_worker_owns_is_named(keyfile):
+    """A controller connected to a worker owning devices 0-3 calling on
+    device 5: the error spoke of 'the device resolver' only."""
+    with _workers(keyfile, ("--local-devices", "4", "--device-map",
+                            "0,1,2,3")) as (procs, addrs):
+        f = jaxcolo.colocated_python(lambda x: x + 1)
+        with jaxcolo.ProcessExecutor(addresses=addrs,
+                                     authkey=keyfile.read_bytes()) as ex, \
+                jaxcolo.use_executor(ex):
+            with pytest.raises(jaxcolo.PayloadError, match=(
+                    r"unknown device id 5: .*no host of this executor owns "
+                    r"it \(its hosts own device ids 0-3\)")):
+                f(put(np.float32(1), cpu_devices()[5]))
+            assert ok_call(ex) == 42
+
+
 def test_a_controller_stalling_mid_frame_is_disconnected(keyfile):
     """An authenticated controller that sends part of a frame and then goes
     silent held the worker forever (it serves one controller at a time);

@@ -56,7 +56,7 @@ from jaxcolo.colocated.executor import Executor
 from jaxcolo.colocated import program_lifetimes
 from jaxcolo.colocated.program import ProgramRef, decode_program
 from jaxcolo.colocated.recent import RecentSet
-from jaxcolo.errors import ExecutorError
+from jaxcolo.errors import ExecutorError, UnknownDeviceError
 from jaxcolo.process import messages, remote_errors
 from jaxcolo.process.deadlines import Deadlines, check_timeout
 from jaxcolo.process.forgetting import ProgramForgetting
@@ -73,6 +73,18 @@ _LANE_MASK = (1 << 63) - 1
 # close() waits up to this long for multi-host calls that failed on some
 # host to be done on the others and resumed (running workers).
 CLOSE_SETTLE_TIMEOUT = 5.0
+
+
+def _id_ranges(ids) -> str:
+    """Sorted ints as "0-3, 6, 8-9"."""
+    parts, start = [], None
+    for i, x in enumerate(ids):
+        if start is None:
+            start = x
+        if i + 1 == len(ids) or ids[i + 1] != x + 1:
+            parts.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(parts)
 
 
 def _seconds(value, what: str) -> float:
@@ -241,7 +253,13 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
     # ------------------------------------------------------------ plans
     def _plan(self, program) -> Plan:
         owned = {i: d for i, d in self._by_id.items() if i in self._owner}
-        prog = decode_program(program.payload, owned)
+        try:
+            prog = decode_program(program.payload, owned)
+        except UnknownDeviceError as e:  # a device no connected host owns
+            raise UnknownDeviceError(
+                f"{e.reason}: no host of this executor owns it (its hosts "
+                f"own device ids {_id_ranges(sorted(self._owner))})",
+                e.path) from None
         with self._lock:
             self._stats["programs_decoded"] += 1
         # (a copy: the caller's ProgramRef is counted while it lives)
