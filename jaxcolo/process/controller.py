@@ -373,15 +373,16 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         """Controller counters, plus each host's (``hosts``) and their sums
         for ``bodies_loaded``, ``instances_created``, ``registered``;
         ``controller_segments``: per host, the controller's shared-memory
-        segments for it ({} without shared memory)."""
+        segments for it ({} without shared memory).  A host that does not
+        answer within ``timeout`` seconds has only ``error``: why."""
         with self._lock:
             out = dict(self._stats)
         hosts = []
         for link in self._links:
             try:
                 hosts.append(link.request_stats(timeout))
-            except ExecutorError:
-                hosts.append({})
+            except ExecutorError as e:
+                hosts.append({"error": str(e)})
         out["hosts"] = hosts
         for k in ("bodies_loaded", "instances_created", "registered",
                   "refused"):
