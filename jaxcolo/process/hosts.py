@@ -439,11 +439,3 @@ try:
     _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 except (AttributeError, ValueError, OSError):  # pragma: no cover - no sysconf
     _CLOCK_TICKS = 100
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
