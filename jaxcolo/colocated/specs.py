@@ -10,6 +10,7 @@ import jax
 from jax._src import core
 from jax._src.lib import xla_client as xc
 
+from jaxcolo.codec import names
 from jaxcolo.codec.mesh import payload_id
 
 
@@ -20,7 +21,10 @@ def get_spec(x: Any) -> jax.ShapeDtypeStruct:
             "colocated_python functions cannot be called on traced values "
             f"(got {type(x).__name__}); call them outside jit/vmap/grad.")
     if not isinstance(x, jax.Array):
-        hint = "" if getattr(type(x), "__module__", None) != "__main__" else (
+        # In a worker, the controller's script's classes are __main__'s;
+        # their pytree registrations stayed in the script.
+        hint = "" if names.foreign_main is None or getattr(
+            type(x), "__module__", None) != "__main__" else (
             " (a pytree node type registered in the script is not registered "
             "in ProcessExecutor workers: register it in a module)")
         raise ValueError(
