@@ -132,6 +132,29 @@ def test_each_version_is_read_and_called_by_jax(d, case, version):
     verify.verify_case(os.path.join(GOLDEN, d), case, data=data)
 
 
+def test_fuzz_export_survives_jax_aborting_or_hanging(monkeypatch):
+    """--compare-jax ran jax.export.deserialize in the tool's process: a
+    mutant on which XLA aborts (seed 2: a failed CHECK) or loops ended the
+    run with no result.  The child that runs it is replaced instead."""
+    import sys
+    sys.path.insert(0, os.path.dirname(TOOLS))
+    import fuzz_export
+    good = fuzz_export.seed_payloads()[0]
+    decoder = fuzz_export.JaxDecoder()
+    try:
+        assert decoder.outcome(good) == "accepted"
+        decoder._proc.kill()  # as XLA aborting does
+        decoder._proc.join(10)
+        assert decoder.outcome(good) == "aborted"
+        assert decoder.outcome(b"not an export") != "aborted"  # restarted
+        monkeypatch.setattr(fuzz_export, "JAX_TIMEOUT", 0.0)
+        assert decoder.outcome(good) == "hung"
+        monkeypatch.setattr(fuzz_export, "JAX_TIMEOUT", 60.0)
+        assert decoder.outcome(good) == "accepted"
+    finally:
+        decoder.close()
+
+
 def test_mutation_fuzz_only_payload_errors():
     """Quick run of tools/fuzz_export.py (the long run: 200k mutations)."""
     import random

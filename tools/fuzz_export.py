@@ -10,7 +10,9 @@ serialization_version and readable_by.  Any exception other than
 PayloadError, or a call slower than --slow seconds, is a failure.  JAX
 payloads have no checksum, so many mutants (bytes inside blobs and strings)
 still decode: those count as "accepted".  --compare-jax also runs
-jax.export.deserialize on each mutant and tallies its exception types.
+jax.export.deserialize on each mutant and tallies its exception types; it
+runs in a child process, since some mutants make XLA abort the process or
+loop for ever (tallied as "aborted" and "hung": the child is restarted).
 """
 
 from __future__ import annotations
@@ -67,6 +69,63 @@ def seed_payloads() -> list[bytes]:
     return seeds
 
 
+JAX_TIMEOUT = 20.0  # seconds jax.export.deserialize may take on a mutant
+
+
+def _jax_child(conn) -> None:
+    """Decode each mutant received with jax.export.deserialize; reply with
+    "accepted" or the exception's type name."""
+    import golden_types
+    golden_types.register_serialization()
+    golden_types.setup_testing_effects()
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except EOFError:
+            return
+        try:
+            jax.export.deserialize(bytearray(data))
+            conn.send("accepted")
+        except Exception as e:  # noqa: BLE001 - what is tallied
+            conn.send(type(e).__name__)
+
+
+class JaxDecoder:
+    """jax.export.deserialize in a child process that may die or hang."""
+
+    def __init__(self):
+        import multiprocessing as mp
+        self._ctx = mp.get_context("spawn")
+        self._proc = self._conn = None
+
+    def _start(self) -> None:
+        self._conn, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_jax_child, args=(child,),
+                                       daemon=True)
+        self._proc.start()
+        child.close()
+
+    def outcome(self, data: bytes) -> str:
+        if self._proc is None:
+            self._start()
+        try:
+            self._conn.send_bytes(data)
+            if self._conn.poll(JAX_TIMEOUT):
+                return self._conn.recv()
+            what = "hung"
+        except (EOFError, OSError):
+            what = "aborted"
+        self.close()  # (dead, or killed now): the next mutant starts anew
+        return what
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(10)
+            self._conn.close()
+            self._proc = self._conn = None
+
+
 def _one(data):
     je.deserialize(data)
     je.serialization_version(data)
@@ -79,6 +138,16 @@ def run(seeds, n: int, rng: random.Random, slow: float = 2.0,
     counts = collections.Counter()
     jax_counts = collections.Counter()
     failures = []
+    jax_decoder = JaxDecoder() if compare_jax else None
+    try:
+        _fuzz(seeds, n, rng, slow, counts, failures, jax_decoder, jax_counts)
+    finally:
+        if jax_decoder is not None:
+            jax_decoder.close()
+    return counts, failures, jax_counts
+
+
+def _fuzz(seeds, n, rng, slow, counts, failures, jax_decoder, jax_counts):
     for i in range(n):
         data = mutate(rng.choice(seeds), rng)
         t0 = time.perf_counter()
@@ -93,13 +162,8 @@ def run(seeds, n: int, rng: random.Random, slow: float = 2.0,
         dt = time.perf_counter() - t0
         if dt > slow:
             failures.append((data, f"slow: {dt:.1f}s"))
-        if compare_jax:
-            try:
-                jax.export.deserialize(bytearray(data))
-                jax_counts["accepted"] += 1
-            except Exception as e:
-                jax_counts[type(e).__name__] += 1
-    return counts, failures, jax_counts
+        if jax_decoder is not None:
+            jax_counts[jax_decoder.outcome(data)] += 1
 
 
 def main(argv=None) -> int:
