@@ -517,17 +517,8 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
                 "ProcessExecutor closed while this call waited for its "
                 "thread's earlier calls on other hosts"))
             self._ready.wait(self._start_timeout)
-            if mine:
-                try:
-                    self._destroys.close()
-                    self._deadlines.close()
-                    lifetime.shut_down_hosts(self._links, self._workers)
-                    if self._socket_dir is not None:
-                        self._remove_socket_dir()
-                    token, self._sigint = getattr(self, "_sigint", None), None
-                    interrupts.uninstall(token)
-                finally:
-                    self._owned.done.set()
+            if mine:  # (what the finalizer would release: the same)
+                lifetime.shut_down(self._owned, keep_going=False)
             else:
                 lifetime.wait_released(self._owned)
             self._lifetimes.close()

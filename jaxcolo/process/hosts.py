@@ -20,7 +20,6 @@ for ``lost_timeout`` seconds.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import secrets
 import threading
@@ -31,7 +30,7 @@ from jaxcolo import versions
 from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
 from jaxcolo.process.results import executor_thread
-from jaxcolo.transport import blobs, channel as ch, handshake
+from jaxcolo.transport import blobs, channel as ch, handshake, procs
 from jaxcolo.transport.interrupts import CRITICAL
 from jaxcolo.transport.writer import SendDeadline, acquire_until, \
     seconds_until
@@ -108,10 +107,11 @@ class HostLink:
         stops its heartbeats, not its work)."""
         period = min(1.0, self._lost_timeout / 4)
         pid = self._started_pid
-        cpu = cpu_seconds(pid) if pid is not None else None
+        cpu = procs.cpu_seconds(pid) if pid is not None else None
         while not self._lost:
             time.sleep(period)
-            was, cpu = cpu, (cpu_seconds(pid) if pid is not None else None)
+            was, cpu = cpu, (procs.cpu_seconds(pid) if pid is not None
+                             else None)
             silent = min(time.monotonic() - self.last_seen,
                          self.channel.silent_for())
             if silent <= self._lost_timeout or self._lost:
@@ -422,20 +422,3 @@ class HostLink:
 def controller_hello(min_version=None, max_version=None):
     return handshake.local_hello("controller", min_version=min_version,
                                  max_version=max_version)
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """CPU time process ``pid`` has used (all its threads), or None where
-    that cannot be read (no /proc, process gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-try:
-    _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-except (AttributeError, ValueError, OSError):  # pragma: no cover - no sysconf
-    _CLOCK_TICKS = 100

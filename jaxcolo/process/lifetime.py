@@ -253,10 +253,18 @@ atexit.register(_release_at_exit)
 def release_now(owned: Owned) -> None:
     """Shut down what ``owned`` lists, unless that was claimed already
     (never raises: a finalizer)."""
-    from jaxcolo.transport import interrupts
     if not claim(owned):  # close() on another thread does it: at exit,
         wait_released(owned)  # the interpreter waits for it
         return
+    shut_down(owned, keep_going=True)
+
+
+def shut_down(owned: Owned, *, keep_going: bool) -> None:
+    """Shut down what ``owned`` lists (the caller claimed it), then set
+    ``owned.done``.  ``keep_going``: a failing step is logged and the rest
+    still run (a finalizer must not raise); else the first failure raises
+    (``close()``)."""
+    from jaxcolo.transport import interrupts
     try:
         steps = [getattr(owned.destroys, "close", None),
                  getattr(owned.deadlines, "close", None),
@@ -265,6 +273,9 @@ def release_now(owned: Owned) -> None:
                  lambda: interrupts.uninstall(owned.sigint)]
         for step in steps:
             if step is None:
+                continue
+            if not keep_going:
+                step()
                 continue
             try:
                 step()

@@ -42,6 +42,8 @@ import weakref
 
 import numpy as np
 
+from jaxcolo.transport import procs
+
 SHM_DIR = "/dev/shm"
 MIN_SEGMENT = 1 << 20
 DEFAULT_RETAIN = 256 << 20  # bytes of pages idle segments keep, per pool
@@ -378,7 +380,7 @@ class SegmentMaps:
                     parts[1].isdigit():
                 pools.add((int(parts[1]), "-".join(parts[:4]) + "-"))
         for pid, prefix in pools:
-            if not _pid_alive(pid):
+            if not procs.alive(pid):
                 _unlink_prefixed(prefix)
 
     def clear(self) -> None:
@@ -395,22 +397,6 @@ def unlink_process_segments(pid: int) -> None:
     """Remove every segment file a (lost) process ``pid`` of this machine
     created: SegmentPool names start with ``jaxcolo-<pid>-``."""
     _unlink_prefixed(f"jaxcolo-{int(pid)}-")
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, killed but not yet reaped by
-    its parent, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: alive
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _unlink_prefixed(prefix: str) -> None:
