@@ -186,7 +186,8 @@ def test_a_killed_controllers_segments_are_removed_by_its_worker(keyfile):
     """A controller killed (-9) while it used a running worker: the worker
     removed the segments it had been sent, not the ones the controller
     had made and not announced yet (left in tmpfs for good)."""
-    with _workers(keyfile, ("--listen", "127.0.0.1:0")) as (procs, addrs):
+    with _workers(keyfile, ("--listen", "127.0.0.1:0"),
+                  stop="terminate") as (procs, addrs):  # (removes its own)
         env = dict(os.environ, PYTHONPATH=ROOT)
         child = subprocess.Popen(
             [sys.executable, "-c", _KILLED_CONTROLLER, addrs[0],
@@ -461,7 +462,8 @@ def test_closing_during_a_healthy_multi_host_call_keeps_workers_serving(
     be packed for a controller that was gone, which counted as the call
     failing after its session ended: the workers refused every later
     controller's multi-host calls for good (inline replies did not)."""
-    with _workers(keyfile, *_cluster_args()) as (procs, addrs):
+    with _workers(keyfile, *_cluster_args(), stop="terminate") \
+            as (procs, addrs):  # (a killed worker leaves its segments)
         f = jaxcolo.colocated_python(_sleep_then_sum_everywhere)
         x = jax.device_put(np.ones(1 << 20, np.float32), NamedSharding(
             Mesh(np.array(cpu_devices()), ("x",)), P("x")))
