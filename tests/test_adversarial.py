@@ -319,6 +319,29 @@ def test_costly_symbolic_text_is_bounded(monkeypatch, text, reason):
             symbolic.writable_text(text, "$")
 
 
+def test_long_products_are_charged_for_jaxs_quadratic_work(monkeypatch):
+    """JAX's work on a product of n names grows with n*n, mostly in C
+    between the events a count sees: an 18 KB payload of 8000 names took
+    40 s to read (2000 names: ~1 s), charged by its length only.  Products
+    are charged their square: refused before JAX parses them, on both
+    sides; a product of 300 names is read."""
+    import time
+    data = _with_symbolic_text(
+        monkeypatch, "*".join(f"a{i}" for i in range(8000)))
+    t0 = time.perf_counter()
+    with pytest.raises(jaxcolo.PayloadError, match=r"text to parse is out "
+                       r"of proportion.* - at \$\.arrays\.extras\[0\]"
+                       r"\.symbolic_dims"):
+        jaxcolo.deserialize(data)
+    assert time.perf_counter() - t0 < 1.0
+    (d,) = export.symbolic_shape("*".join(f"a{i}" for i in range(2000)))
+    with pytest.raises(jaxcolo.EncodeError, match=r"long products"):
+        jaxcolo.serialize(jax.ShapeDtypeStruct((d,), np.float32))
+    (d,) = export.symbolic_shape("*".join(f"a{i}" for i in range(300)))
+    x = jax.ShapeDtypeStruct((d,), np.float32)
+    assert jaxcolo.deserialize(jaxcolo.serialize(x)) == x
+
+
 def test_constraints_bound_names_for_the_size_of_jaxs_ints():
     """A name's bounds are what its scope's constraints give (a chain of
     them multiplies their constants): a^1024 under a >= C makes JAX compute

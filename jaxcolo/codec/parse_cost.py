@@ -39,6 +39,11 @@ _MINMAX_COST = (0, 4, 30, 100, 300)
 _MINMAX = ("max", "min")
 # Bounds of a product inside max/min cost ~2x per factor (12: ~3 ms).
 MAX_MINMAX_FACTORS = 8
+# JAX's work on a product grows with the square of its factors, much of it
+# in C between the events a count sees (128 names: ~4 ms, 2000: ~0.6 s,
+# 8000: ~30 s): the k-th factor of a product costs k // _FACTOR_SHARE units
+# more (n factors: ~n*n/16 units).
+_FACTOR_SHARE = 8
 # Nested max/min cost about the square of their text (5 sums of 5 terms,
 # 113 characters: ~22 ms): such a group is charged its length squared;
 # longer ones are counted.
@@ -88,6 +93,7 @@ def parse_cost(text: str, name_bits: int = 0) -> Cost:
                 cost += _EXPONENT_COST * power
             elif kind == tokenize.NAME:
                 factors += 1
+                cost += factors // _FACTOR_SHARE
                 if inside and factors > MAX_MINMAX_FACTORS:
                     counted = True
             elif kind == tokenize.LPAR:

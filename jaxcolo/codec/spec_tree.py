@@ -206,7 +206,8 @@ def _check_parse_budget(writer, size: int) -> None:
         raise EncodeError(
             f"the symbolic dimensions cost {cost} parse units, more than a "
             f"reader allows a {size}-byte payload ({parse_budget(size)}): "
-            "use fewer distinct nested max/min expressions", "$")
+            "use fewer distinct nested max/min expressions or long products",
+            "$")
 
 
 def _check_copy_budget(writer, flat, size: int) -> None:
