@@ -8,6 +8,8 @@ its leaves could not be shown.
 
 from __future__ import annotations
 
+from jax.tree_util import PyTreeDef
+
 from jaxcolo import envelope, versions
 from jaxcolo.codec import core
 from jaxcolo.codec import spec_tree
@@ -107,25 +109,69 @@ MAX_REPR = 2000          # characters of one leaf's repr
 MAX_LEAVES_SHOWN = 256
 
 
-def describe_structure(treedef) -> str:
-    """``str(treedef)``, unless it has more than MAX_NODES_SHOWN nodes
-    (shared node data would make the text far larger than the payload)."""
+def describe_structure(treedef, limit: int = 64 * MAX_REPR) -> str:
+    """``str(treedef)``, clipped to ``limit`` characters; summarised
+    instead when it has more than MAX_NODES_SHOWN nodes or its text would
+    be longer than ``limit`` (nodes sharing their node data, e.g. one dict's
+    long keys, would make the text far larger than the payload, so its size
+    is bounded before it is made)."""
     if treedef.num_nodes > MAX_NODES_SHOWN:
         return (f"PyTreeDef of {treedef.num_nodes} nodes and "
                 f"{treedef.num_leaves} leaves (not printed: over "
                 f"{MAX_NODES_SHOWN} nodes)")
-    return clip(str(treedef), 64 * MAX_REPR)
+    if _printed_size(treedef, limit) > limit:
+        return (f"PyTreeDef of {treedef.num_nodes} nodes and "
+                f"{treedef.num_leaves} leaves (not printed: over {limit} "
+                "characters)")
+    return clip(str(treedef), limit)
+
+
+def _printed_size(treedef, limit: int) -> int:
+    """At least the length of ``str(treedef)`` (a bound: each node's type
+    name, its node data's repr and punctuation), or some number over
+    ``limit`` once that is certain.  Each distinct node data object, and
+    each distinct item of a list or tuple of them (a dict's keys), is
+    formatted once."""
+    lengths: dict[int, int] = {}
+
+    def length(x) -> int:
+        n = lengths.get(id(x))
+        if n is None:
+            if type(x) in (list, tuple):
+                n = 2 + sum(2 + length(item) for item in x)
+            else:
+                n = len(repr(x))
+            lengths[id(x)] = n
+        return n
+
+    total = 0
+    stack = [treedef]
+    while stack:
+        node = stack.pop()
+        data = node.node_data()
+        total += 8
+        if data is not None:
+            kind, aux = data
+            total += 16 + len(getattr(kind, "__qualname__", "")) + \
+                length(aux)
+        if total > limit:
+            return total
+        stack.extend(node.children())
+    return total
 
 
 def describe_leaves(leaves, show=repr) -> list[str]:
     """``show`` (repr) of the first MAX_LEAVES_SHOWN leaves, each clipped,
-    each distinct object formatted once (leaves share specs)."""
+    each distinct object formatted once (leaves share specs); PyTreeDef
+    leaves as :func:`describe_structure` shows them."""
     seen: dict[int, str] = {}
     out = []
     for x in leaves[:MAX_LEAVES_SHOWN]:
         text = seen.get(id(x))
         if text is None:
-            text = seen[id(x)] = clip(show(x), MAX_REPR)
+            text = seen[id(x)] = (
+                describe_structure(x, MAX_REPR)
+                if isinstance(x, PyTreeDef) else clip(show(x), MAX_REPR))
         out.append(text)
     return out
 

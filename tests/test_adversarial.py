@@ -1248,6 +1248,34 @@ def test_inspect_stays_within_the_payload():
         len(info["leaves"][0]) < 2100
 
 
+def test_inspect_bounds_the_text_of_trees_sharing_node_data():
+    """Dict nodes with equal keys share one node data table, so a few KB
+    printed as their keys once per node: 1 GB of text and 3 GB of memory
+    from a 4 KB payload (a PyTreeDef leaf, which had no node limit) or
+    0.5 GB (the structure, within its node limit).  The text's size is
+    bounded before it is made."""
+    import resource
+    import time
+    keys = {f"k{i}" + "a" * 100_000: None for i in range(3)}
+    structure = tuple(dict(keys) for _ in range(250))  # 1001 nodes
+    treedef = jax.tree_util.tree_structure(
+        tuple(dict(keys) for _ in range(30)))
+    data = jaxcolo.serialize([structure, treedef])
+    assert len(data) < 20_000
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    info = jaxcolo.inspect(data)
+    assert time.perf_counter() - t0 < 1.0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 50_000
+    assert info["structure"] == ("PyTreeDef of 1003 nodes and 1 leaves (not "
+                                 "printed: over 128000 characters)")
+    assert info["leaves"] == ["PyTreeDef of 121 nodes and 0 leaves (not "
+                              "printed: over 2000 characters)"]
+    small = jax.tree_util.tree_structure({"a": [1, (2, None)], "b": ()})
+    info = jaxcolo.inspect(jaxcolo.serialize([small]))
+    assert info["leaves"] == [str(small)]
+
+
 def test_an_effect_readers_cannot_find_is_an_encode_error():
     """A stateless effect type neither registered nor known to JAX was
     written by name, and then not even this process could read it."""
