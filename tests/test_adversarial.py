@@ -152,6 +152,57 @@ def test_gspmd_sharding_tiling_other_devices_is_refused():
         jaxcolo.deserialize(_reseal(data, data[16:].replace(old, new)))
 
 
+def test_gspmd_shardings_jax_cannot_place_are_refused(monkeypatch):
+    """An unknown HLO sharding, a maximal one whose device is past the
+    device list, and maximal subgroups were read as GSPMDShardings that JAX
+    then failed on (ZeroDivisionError, TypeError, NotImplementedError);
+    maximal OpShardings with subgroup fields were accepted.  Bare HLO
+    shardings of those kinds still round-trip."""
+    from jaxcolo.codec import opsharding
+    from jaxcolo.codec import sharding as sharding_codec
+    T = xc.OpSharding.Type
+    devs = jax.devices()[:8]
+    tiled = xc.OpSharding()
+    tiled.type = T.OTHER
+    tiled.tile_assignment_dimensions = [2, 4]
+    tiled.tile_assignment_devices = list(range(8))
+    tiled.last_tile_dims = [T.MAXIMAL]
+    maximal = xc.OpSharding()
+    maximal.type = T.MAXIMAL
+    maximal.tile_assignment_devices = [9]
+    for hs, reason in [
+            (xc.HloSharding.unknown(), "an unknown HLO sharding places no "
+             "array on devices"),
+            (xc.HloSharding.from_proto(maximal), "the maximal HLO sharding's "
+             "device 9 is not in its device list of 8"),
+            (xc.HloSharding.from_proto(tiled), "JAX cannot place arrays by "
+             "maximal subgroups")]:
+        s = GSPMDSharding(devs, hs)
+        with pytest.raises(jaxcolo.EncodeError,
+                           match="^" + re.escape(reason) + r" - at \$.hlo$"):
+            jaxcolo.serialize(s)
+        assert jaxcolo.deserialize(jaxcolo.serialize([hs])) == [hs]
+        with monkeypatch.context() as m:  # as a writer that did not check
+            m.setattr(sharding_codec, "_unusable_over", lambda hs, n: None)
+            data = jaxcolo.serialize(s)
+        with pytest.raises(jaxcolo.PayloadError,
+                           match="^" + re.escape(reason) +
+                           r" - at \$\.shardings\[0\]\.hlo_sharding$"):
+            jaxcolo.deserialize(data)
+    for field in ("last_tile_dims", "replicate_on_last_tile_dim"):
+        odd = xc.OpSharding()
+        odd.type = T.MAXIMAL
+        odd.tile_assignment_devices = [0]
+        if field == "last_tile_dims":
+            odd.last_tile_dims = [T.REPLICATED]
+        else:
+            odd.replicate_on_last_tile_dim = True
+        with pytest.raises(jaxcolo.PayloadError, match=r"^maximal sharding "
+                           r"with subgroups - at \$\.hlo_shardings\[0\]$"):
+            opsharding.parse_proto(odd.SerializeToString(),
+                                   "$.hlo_shardings[0]")
+
+
 def test_export_tree_with_shared_children_is_refused():
     """Each tree node lists the same child twice: 2**30 paths in 2 KB."""
     x = jnp.zeros(3)

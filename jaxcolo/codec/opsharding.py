@@ -65,6 +65,8 @@ def _check(op, path: str) -> None:
         if len(devs) != 1 or devs[0] < 0 or dims or iota or perm:
             raise PayloadError("maximal sharding needs exactly one device",
                                path)
+        if last or op.replicate_on_last_tile_dim:
+            raise PayloadError("maximal sharding with subgroups", path)
         return
     if kind != T.OTHER:
         raise PayloadError(f"unsupported OpSharding type {kind}", path)

@@ -35,6 +35,7 @@ UNCONSTRAINED = P.UNCONSTRAINED
 NamedSharding = jax.sharding.NamedSharding
 SingleDeviceSharding = jax.sharding.SingleDeviceSharding
 GSPMDSharding = sharding_impls.GSPMDSharding
+_SUBGROUP_MAXIMAL = xc.OpSharding.Type.MAXIMAL
 
 
 # ------------------------------------------------------------ partition spec
@@ -184,12 +185,26 @@ def _named_item(writer, s, path):
             0, 0)
 
 
-def _tiles_other_devices(hs, n: int) -> str | None:
-    """Why tiled HLO sharding ``hs`` over ``n`` devices is unusable (JAX
-    asserts the tile count equals the device count), or None."""
-    if hs.is_tiled() and hs.num_devices() != n:
-        return (f"the HLO sharding tiles {hs.num_devices()} devices but its "
-                f"device list has {n}")
+def _unusable_over(hs, n: int) -> str | None:
+    """Why HLO sharding ``hs`` over a list of ``n`` devices makes a
+    GSPMDSharding JAX cannot use (it asserts the tile count equals the
+    device count, divides by the tile count, indexes the list with a
+    maximal sharding's device, and has no placement for maximal
+    subgroups), or None."""
+    if hs.is_unknown():
+        return "an unknown HLO sharding places no array on devices"
+    if hs.is_maximal():  # (also true of replicated and manual ones)
+        devs = hs.tile_assignment_devices()
+        if len(devs) == 1 and not 0 <= devs[0] < n:
+            return (f"the maximal HLO sharding's device {devs[0]} is not in "
+                    f"its device list of {n}")
+        return None
+    if hs.is_tiled():
+        if hs.num_devices() != n:
+            return (f"the HLO sharding tiles {hs.num_devices()} devices but "
+                    f"its device list has {n}")
+        if _SUBGROUP_MAXIMAL in hs.subgroup_types():
+            return "JAX cannot place arrays by maximal subgroups"
     return None
 
 
@@ -202,7 +217,7 @@ def sharding_item(writer, s, path):
     if isinstance(s, GSPMDSharding):
         dl = intern_device_list(writer, s._devices, path + ".devices")
         hs = intern_hlo_sharding(writer, s._hlo_sharding, path + ".hlo")
-        problem = _tiles_other_devices(s._hlo_sharding, len(s._devices))
+        problem = _unusable_over(s._hlo_sharding, len(s._devices))
         if problem:  # (a reader refuses it: JAX cannot use it)
             raise EncodeError(problem, path + ".hlo")
         return (ShardingKind.gspmd, 0, 0, 0, s.memory_kind, dl, hs)
@@ -260,7 +275,7 @@ def decode_sharding(reader, t, path):
             hs = reader.get("hlo_shardings",
                             t.scalar(LS.hlo_sharding, "u32", 0, path,
                                      "hlo_sharding"), f"{path}.hlo_sharding")
-            problem = _tiles_other_devices(hs, len(dl))
+            problem = _unusable_over(hs, len(dl))
             if problem:
                 raise PayloadError(problem, f"{path}.hlo_sharding")
             return GSPMDSharding(dl, hs, memory_kind=memory_kind)
