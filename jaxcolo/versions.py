@@ -73,6 +73,15 @@ HISTORY: tuple[VersionInfo, ...] = (
         # failed holds its later multi-host calls until every other host is
         # done with that call (sessions at version >= 7 only).
         "message_resume",
+        # No schema change: workers build arguments with the weak type their
+        # specs carry (earlier workers made them strong: a weak f32 + bf16
+        # gave f32), so a weakly typed argument is refused in sessions
+        # before 7 (EncodeError) rather than promoted differently.
+        "weak_type_args",
+        # No schema change: a remote exception pickles with its __cause__
+        # (rebuild_exception's fourth argument); controllers before 7 take
+        # three, so sessions before 7 leave causes out.
+        "remote_exception_cause",
     )),
     VersionInfo(8, 1, (
         # No schema change: a namedtuple class registered as a custom pytree

@@ -1660,3 +1660,57 @@ def test_an_exception_text_utf8_cannot_hold_comes_back(one_host):
                 f(put(np.int32(1), cpu_devices()[0]))
         assert time.monotonic() - t0 < 10
         assert ok_call(one_host) == 42
+
+
+def test_sessions_before_v7_refuse_weak_arguments_and_leave_causes_out(
+        monkeypatch):
+    """Workers before version 7 built arguments strongly typed (a weak f32
+    + bf16 gave f32 there, bf16 in-process, silently) and controllers
+    before 7 rebuild exceptions from three arguments (every remote
+    exception reached them as an ExecutorError: causes made it four).
+    Sessions before 7 refuse weakly typed arguments and pickle exceptions
+    without causes; sessions from 7 keep both."""
+    from jaxcolo.process import remote_errors
+    from tests import colocated_types as ct
+
+    real = remote_errors.rebuild_exception
+    for version, cause in ((6, None), (7, KeyError)):
+        try:
+            raise ct.Coded(3, where="here") from KeyError("missing")
+        except ct.Coded as e:
+            msg = remote_errors.error_message(1, e, "w", version)
+        plain = remote_errors.error_message(1, KeyError("k"), "w", version)
+        with monkeypatch.context() as m:  # a controller before version 7
+            m.setattr(remote_errors, "rebuild_exception",
+                      lambda cls, args, state: real(cls, args, state))
+            back = remote_errors.loads_exception(msg.error_pickle)
+            assert (type(back) is ct.Coded) == (cause is None)
+            assert type(remote_errors.loads_exception(
+                plain.error_pickle)) is KeyError
+        back = remote_errors.loads_exception(msg.error_pickle)
+        assert type(back) is ct.Coded and back.code == 3
+        assert type(back.__cause__) is (KeyError if cause else type(None))
+
+    d = cpu_devices()[0]
+    weak, strong = jax.device_put(2.0, d), put(np.float32(2.0), d)
+    b = put(np.ones(3, jnp.bfloat16), d)
+    add = jaxcolo.colocated_python(lambda a, b: a + b)
+    raiser = jaxcolo.colocated_python(ct.raise_with_cause).specialize(
+        out_specs_fn=lambda x: x)
+    for version in (6, 7):
+        with jaxcolo.ProcessExecutor(num_hosts=1, max_version=version) as ex, \
+                jaxcolo.use_executor(ex):
+            assert ex.payload_version == version
+            if version < 7:
+                with pytest.raises(jaxcolo.EncodeError, match=(
+                        r"a weakly typed argument; workers of a version-6 "
+                        r"session would make it strongly typed .* - at "
+                        r"\$\[0\]\[0\]$")):
+                    add(weak, b)
+            else:
+                assert add(weak, b).dtype == jnp.bfloat16
+            assert add(strong, b).dtype == jnp.float32
+            with pytest.raises(ct.Coded, match="error 3 at the lookup") as e:
+                raiser(put(1, d))
+            assert type(e.value.__cause__) is \
+                (KeyError if version >= 7 else type(None))

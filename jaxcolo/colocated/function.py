@@ -43,9 +43,11 @@ from jaxcolo.colocated.body import dumps_body, types_to_carry
 from jaxcolo.colocated.cache import SignatureCache, fast_key
 from jaxcolo.colocated.executor import current_lane, get_executor
 from jaxcolo.colocated.program import ProgramRef, encode_program
-from jaxcolo.errors import ExecutorError
+from jaxcolo.errors import EncodeError, ExecutorError
+from jaxcolo.versions import FEATURE_SINCE
 
 _flatten = jtu.tree_flatten
+_WEAK_ARGS_SINCE = FEATURE_SINCE["weak_type_args"]
 
 
 def _source_info(obj) -> str | None:
@@ -143,6 +145,8 @@ class Specialized:
     def _encode(self, version: int, out_specs: bytes | None) -> ProgramRef:
         in_specs = self._in_payloads.get(version)
         if in_specs is None:
+            if version < _WEAK_ARGS_SINCE:
+                self._refuse_weak_args(version)
             in_specs = self._in_payloads[version] = spec_tree.encode_spec_tree(
                 self.in_treedef.unflatten(self.in_leaves), version)
         t = self.target
@@ -156,6 +160,22 @@ class Specialized:
             device_ids=[payload_id(d) for d in self.devices],
             method_name=t.method_name, instance_id=t.instance_id,
             source_info=t.source_info, version=version)))
+
+    def _refuse_weak_args(self, version: int) -> None:
+        """EncodeError if an argument is weakly typed: workers of sessions
+        before version 7 build it strongly typed, so it would promote
+        differently there than in-process."""
+        for i, spec in enumerate(self.in_leaves):
+            if getattr(spec, "weak_type", False):
+                paths = jtu.tree_flatten_with_path(self.in_treedef.unflatten(
+                    self.in_leaves))[0]
+                raise EncodeError(
+                    f"{self.name}: a weakly typed argument; workers of a "
+                    f"version-{version} session would make it strongly "
+                    "typed (it promotes differently): pass it strongly "
+                    "typed (e.g. jnp.asarray(x, x.dtype)) or use workers "
+                    f"of version >= {_WEAK_ARGS_SINCE}",
+                    "$" + jtu.keystr(paths[i][0]))
 
     def program(self, version: int) -> ProgramRef | None:
         """The full program (out specs known) at ``version``, else None."""

@@ -31,8 +31,10 @@ import traceback
 from jaxcolo.codec.names import resolve_imported
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process.messages import Message, MessageKind as K
+from jaxcolo.versions import FEATURE_SINCE
 
 _THIS = __name__
+_CAUSES_SINCE = FEATURE_SINCE["remote_exception_cause"]
 
 
 def _is_exception_class(obj) -> bool:
@@ -120,10 +122,11 @@ class _ExceptionPickler(pickle.Pickler):
         if isinstance(obj, type) and issubclass(obj, BaseException):
             return _reference(obj)
         if isinstance(obj, Exception) and _default_pickling(type(obj)):
+            state = getattr(obj, "__dict__", None) or None
             cause = obj.__cause__ if self.causes else None
-            return rebuild_exception, (type(obj), obj.args,
-                                       getattr(obj, "__dict__", None) or None,
-                                       cause)
+            if cause is None:  # (what controllers before version 7 take)
+                return rebuild_exception, (type(obj), obj.args, state)
+            return rebuild_exception, (type(obj), obj.args, state, cause)
         return NotImplemented
 
 
@@ -139,10 +142,10 @@ class _ExceptionUnpickler(pickle.Unpickler):
                                      "remote exception")
 
 
-def _dumps(obj) -> bytes | None:
-    """``obj`` pickled with its exceptions' causes, or without them if a
-    cause does not pickle (None if even that fails)."""
-    for causes in (True, False):
+def _dumps(obj, causes: bool = True) -> bytes | None:
+    """``obj`` pickled with its exceptions' causes (if ``causes``), or
+    without them if a cause does not pickle (None if even that fails)."""
+    for causes in ((True, False) if causes else (False,)):
         out = io.BytesIO()
         try:
             _ExceptionPickler(out, causes).dump(obj)
@@ -163,11 +166,14 @@ class _Clipped:
 
 
 def dumps_exception(e: BaseException, limit: int | None = None,
-                    text: str | None = None) -> bytes | None:
-    """``e`` pickled for ``loads_exception``; None if it cannot be.  Over
-    ``limit`` bytes: its class with ``text`` as its only arg instead (None
-    if that is over the limit too, or no text is given)."""
-    data = _dumps(e)
+                    text: str | None = None,
+                    causes: bool = True) -> bytes | None:
+    """``e`` pickled for ``loads_exception`` (with its causes unless told
+    not: controllers before version 7 cannot rebuild them); None if it
+    cannot be.  Over ``limit`` bytes: its class with ``text`` as its only
+    arg instead (None if that is over the limit too, or no text is
+    given)."""
+    data = _dumps(e, causes)
     if data is None:  # holds what does not pickle: type name and text
         return None
     if limit is None or len(data) <= limit:
@@ -216,17 +222,19 @@ MAX_ERROR_TEXT = 1 << 20      # characters of an error's text or traceback
 MAX_ERROR_PICKLE = 16 << 20   # bytes; a bigger pickled exception is dropped
 
 
-def error_message(call_id: int, e: BaseException, where: str) -> Message:
+def error_message(call_id: int, e: BaseException, where: str,
+                  version: int) -> Message:
     """An ``error`` message carrying exception ``e`` (its text and
     traceback clipped to MAX_ERROR_TEXT characters, the pickled exception
-    left out past MAX_ERROR_PICKLE bytes: the reply must fit in a frame)."""
+    left out past MAX_ERROR_PICKLE bytes: the reply must fit in a frame)
+    for a session at ``version``."""
     t = type(e)
     tb = _safely(lambda: "".join(traceback.format_exception(e)),
                  "<the traceback could not be formatted>")
     text = _clip(_safely(lambda: str(e), f"<{t.__qualname__}: str() failed>"))
     # None: type name and text
     pickled = _safely(lambda: dumps_exception(
-        e, MAX_ERROR_PICKLE, text), None)
+        e, MAX_ERROR_PICKLE, text, version >= _CAUSES_SINCE), None)
     return Message(
         K.error, call_id=call_id,
         error_type=f"{t.__module__}.{t.__qualname__}",

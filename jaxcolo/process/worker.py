@@ -144,7 +144,8 @@ class Session:
             log.info("%s: cannot reply (%s)", self.where, e)
             self._end()
             return
-        self._send_quietly(error_message(call_id, error, self.where))
+        self._send_quietly(error_message(call_id, error, self.where,
+                                         self.version))
 
     # ------------------------------------------------------------ reading
     def _start_reader(self) -> None:
@@ -235,8 +236,8 @@ class Session:
                     raise  # the connection (or this process) is gone
                 except Exception as e:  # noqa: BLE001 - one bad message
                     if m.call_id and m.kind in (K.call, K.discover):
-                        self._send_quietly(error_message(m.call_id, e,
-                                                         self.where))
+                        self._send_quietly(error_message(
+                            m.call_id, e, self.where, self.version))
                     else:
                         self._refuse(f"bad {m.kind_name} message: "
                                      f"{_reason(e)}")
@@ -361,7 +362,8 @@ class Session:
                 self._gate.expect_hold(m.call_id)
                 self._lanes.submit(m.lane, lambda cid=m.call_id: (
                     self._gate.enter(ticket), self._gate.end_turn(cid, True)))
-            self._send_quietly(error_message(m.call_id, e, self.where))
+            self._send_quietly(error_message(m.call_id, e, self.where,
+                                             self.version))
             return None
         discover = m.kind == K.discover
         shm = m.shards is not None and BufferWhere.shm in m.shards.where
@@ -420,7 +422,8 @@ class Session:
             if packer is not None:
                 packer.abandon()
             packer = data = key = None
-            reply, frames = error_message(call_id, e, self.where), ()
+            reply, frames = error_message(call_id, e, self.where,
+                                           self.version), ()
         finally:
             if ticket is not None:
                 self._gate.end_turn(call_id, failed)
