@@ -337,3 +337,48 @@ def test_an_input_a_later_call_drops_gives_its_lease_back(host):
         assert host._links[0].pool.stats()["leased"] == 1  # x, kept there
         assert int(let_go(put(np.int32(3), d))) == 3
         assert _worker_leases_back(host, 5.0) == (0, 0)
+
+
+def _fds(pid: int) -> int:
+    import os
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_kept_results_and_queued_calls_keep_open_files_bounded(host):
+    """Each result over 64 KiB a caller kept held a shared-memory segment
+    of the worker's, open in both processes (two files each side): ~500
+    kept results exhausted the usual 1,024 open files (EMFILE, then the
+    whole process starved), and queued submits did the same.  A pool has at
+    most MAX_SEGMENTS segments (more buffers go in frames) and a receiver
+    keeps at most MAX_HELD buffers in place (more are copied out), so open
+    files stay bounded; kept results keep their values."""
+    import os
+    from jaxcolo.transport import blobs
+    if host._links[0].pool is None:
+        pytest.skip("no shared memory here")
+    wpid = host.worker_pids()[0]
+    d = cpu_devices()[0]
+    f = jaxcolo.colocated_python(lambda x: x * 2).specialize(
+        out_specs_fn=lambda x: x)
+    n = 32 * 1024  # float32s: 128 KiB
+    bound = 3 * blobs.MAX_SEGMENTS + 16
+    with jaxcolo.use_executor(host):
+        f(put(np.zeros(n, np.float32), d))
+        mine, theirs = _fds(os.getpid()), _fds(wpid)
+        kept = [f(put(np.full(n, i, np.float32), d)) for i in range(300)]
+        assert _fds(os.getpid()) - mine <= bound
+        assert _fds(wpid) - theirs <= bound
+        futures = [f.submit(put(np.full(n, i, np.float32), d))
+                   for i in range(300)]
+        done = [u.result(timeout=120) for u in futures]
+        assert _fds(os.getpid()) - mine <= bound
+        assert _fds(wpid) - theirs <= bound
+        for i, (a, b) in enumerate(zip(kept, done)):
+            assert float(a[0]) == float(a[-1]) == 2 * i
+            assert float(b[0]) == float(b[-1]) == 2 * i
+        del kept, done, futures
+        gc.collect()
+        assert float(f(put(np.full(n, 7, np.float32), d))[-1]) == 14
+    stats = host.stats()
+    assert stats["hosts"][0]["segments"] <= blobs.MAX_SEGMENTS
+    assert stats["controller_segments"][0]["segments"] <= blobs.MAX_SEGMENTS

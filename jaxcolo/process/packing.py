@@ -25,6 +25,7 @@ from jaxcolo.codec.mesh import payload_id
 from jaxcolo.process.arrays import FRAME_CHUNK, addressable, dtype_kind, \
     index_key
 from jaxcolo.process.messages import Shards
+from jaxcolo.transport import blobs
 
 COPY_CHUNK = 64 << 20      # bytes copied into shared memory between checks
 INLINE_LIMIT = 64 * 1024    # larger buffers go out of the message
@@ -196,9 +197,12 @@ class Packer:
 
     def _lease(self, n: int):
         """A shared-memory lease of ``n`` bytes, or None when /dev/shm has
-        no room (the buffer then goes in frames)."""
+        no room or every segment the pool may have is leased (the buffer
+        then goes in frames)."""
         try:
             return self.pool.lease(n)
+        except blobs.PoolFull:
+            return None
         except OSError as e:
             _log_no_room(n, e)
             return None

@@ -2,13 +2,15 @@
 
 Each side of a connection sends large buffers in segments it owns
 (:class:`SegmentPool`): files under ``/dev/shm`` that it creates, maps and
-reuses.  A segment is *leased* for one buffer; the receiver maps the segment
-(:class:`SegmentMaps`: opened on its first announcement in a message, mapped
-once at its first read), reads the buffer in place -- JAX on CPU may alias
+reuses, at most MAX_SEGMENTS of them.  A segment is *leased* for one buffer;
+the receiver maps the segment (:class:`SegmentMaps`: once, at its first
+announcement in a message), reads the buffer in place -- JAX on CPU may alias
 the mapping, with no copy -- and sends the lease id back when the buffer's
 own owner object is collected (JAX keeps it alive, through the numpy array
 it aliases, while it uses the bytes), so the sender reuses the segment (warm
-pages on both sides: no page faults on the next call).
+pages on both sides: no page faults on the next call).  A receiver keeps at
+most MAX_HELD buffers in place; more still in use are copied out and their
+leases given back, so kept arrays do not pin segments (and open files).
 Idle segments keep their pages only up to a budget (``retain`` bytes per
 pool, least recently used dropped first): past it a segment's pages are
 freed (the file is cut to nothing and grown back, sparse), and its next
@@ -47,6 +49,19 @@ from jaxcolo.transport import procs
 SHM_DIR = "/dev/shm"
 MIN_SEGMENT = 1 << 20
 DEFAULT_RETAIN = 256 << 20  # bytes of pages idle segments keep, per pool
+# Each segment costs open files on both sides (the owner's file and
+# mapping, the peer's mapping): a pool has at most this many segments (more
+# buffers leased at once go in frames), and a receiver keeps at most
+# MAX_HELD peer buffers in place (more buffers still in use, e.g. results a
+# caller keeps, are copied out and their leases given back), so open files
+# stay bounded however many arrays are kept or calls queued.
+MAX_SEGMENTS = 32
+MAX_HELD = 24
+
+
+class PoolFull(Exception):
+    """Every segment a pool may have is leased (the buffer goes in
+    frames)."""
 
 
 def _size_class(n: int) -> int:
@@ -151,10 +166,13 @@ class Lease:
 class SegmentPool:
     """The segments this side writes into (see the module docstring)."""
 
-    def __init__(self, tag: str = "x", retain: int = DEFAULT_RETAIN):
-        """``retain``: bytes of pages the idle segments may keep (>= 0)."""
+    def __init__(self, tag: str = "x", retain: int = DEFAULT_RETAIN,
+                 max_segments: int = MAX_SEGMENTS):
+        """``retain``: bytes of pages the idle segments may keep (>= 0);
+        ``max_segments``: how many segments the pool may have."""
         self.prefix = f"jaxcolo-{os.getpid()}-{secrets.token_hex(6)}-{tag}"
         self.retain = check_retain(retain, "retain")
+        self.max_segments = max_segments
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._segments: dict[int, _Segment] = {}
@@ -165,7 +183,10 @@ class SegmentPool:
         self._closed = False
 
     def lease(self, size: int) -> Lease:
-        """Space for ``size`` bytes (a new segment if none is idle)."""
+        """Space for ``size`` bytes: an idle segment of its size class, else
+        a new segment; at ``max_segments``, the least recently used idle
+        segment replaced by one of this size class (the same id, a new
+        file: announcing it replaces the peer's), else PoolFull."""
         cls = _size_class(size)
         with self._lock:
             if self._closed:
@@ -175,10 +196,12 @@ class SegmentPool:
             if seg is not None:
                 del self._idle_order[seg.id]
                 self._idle_reserved -= seg.reserved
-            else:
+            elif len(self._segments) < self.max_segments:
                 sid = next(self._ids)
                 seg = _Segment(sid, f"{self.prefix}-{sid}", cls)
                 self._segments[sid] = seg
+            else:
+                seg = self._replace_idle(cls)
             try:
                 seg.reserve(size)  # only the pages this buffer uses
             except OSError:
@@ -195,6 +218,22 @@ class SegmentPool:
                 seg.announced = True
                 announce = (seg.id, seg.name, seg.size)
             return Lease(lid, seg, size, announce)
+
+    def _replace_idle(self, cls: int) -> _Segment:
+        """(Under the lock.)  A new segment of size ``cls`` in place of the
+        least recently used idle one (PoolFull if none is idle)."""
+        old = next(iter(self._idle_order.values()), None)
+        if old is None:
+            raise PoolFull(f"all {len(self._segments)} shared-memory "
+                           "segments are leased")
+        del self._idle_order[old.id]
+        self._idle[old.size].remove(old)
+        self._idle_reserved -= old.reserved
+        del self._segments[old.id]
+        old.discard()
+        seg = _Segment(old.id, f"{self.prefix}-{next(self._ids)}", cls)
+        self._segments[old.id] = seg
+        return seg
 
     def release(self, lease_ids) -> int:
         """Return leases (ids from the peer); unknown ids are ignored.
@@ -274,31 +313,31 @@ class SegmentPool:
 
 
 class _PeerSegment:
-    """An announced segment of the peer: its file, and (from the first
-    buffer read) one mapping of all of it, kept for every later buffer --
-    its page tables stay filled while the peer keeps the pages, so reading
-    a reused segment costs no page faults."""
+    """An announced segment of the peer: one mapping of all of it, kept for
+    every buffer read from it -- its page tables stay filled while the peer
+    keeps the pages, so reading a reused segment costs no page faults.
+    (The mapping holds the file open; no other descriptor is kept.)"""
 
-    __slots__ = ("fd", "size", "mm", "owner_type")
+    __slots__ = ("size", "mm", "owner_type")
 
-    def __init__(self, fd: int, size: int):
-        self.fd = fd
+    def __init__(self, mm, size: int):
+        self.mm = mm
         self.size = size
-        self.mm = None
-        self.owner_type = None
+        self.owner_type = ctypes.c_ubyte * size
+
+    def file_size(self) -> int:
+        """The size of the peer's file now (it may have been cut)."""
+        return self.mm.size()
 
     def owner(self):
         """A new object exporting the whole mapping: a ctypes array, which
         (unlike a numpy view or memoryview) a weakref can follow, and which
         numpy keeps as the base of every view made from it."""
-        if self.mm is None:
-            self.mm = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED)
-            self.owner_type = ctypes.c_ubyte * self.size
         return self.owner_type.from_buffer(self.mm)
 
 
 class SegmentMaps:
-    """The peer's segments, opened at their first announcement.
+    """The peer's segments, mapped at their first announcement.
 
     Each segment is mapped once (:class:`_PeerSegment`), and every buffer
     read from it gets an *owner* object of its own over that mapping
@@ -309,35 +348,39 @@ class SegmentMaps:
     and the lease goes back only then (reusing the segment earlier
     overwrote arrays still in use).  A new mapping per buffer would say the
     same but fill its page tables again on every read (as costly as
-    copying the bytes once more)."""
+    copying the bytes once more).  At most ``max_held`` buffers are in use
+    in place at once; more are copied out, their leases given back at once
+    (so the peer's segments, and the files both sides hold open, stay
+    bounded however many arrays are kept)."""
 
-    def __init__(self):
+    def __init__(self, max_held: int = MAX_HELD):
         self._segments: dict[int, _PeerSegment] = {}
         self.names: dict[int, str] = {}
         self._lock = threading.Lock()
+        self.max_held = max_held
+        self._held: dict[int, bool] = {}  # ids of the owners in use
 
     def add(self, sid: int, name: str, size: int) -> None:
-        """Open an announced segment (OSError if it cannot be opened)."""
+        """Map an announced segment, replacing one announced before with
+        the same id (OSError if it cannot be opened or mapped)."""
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_RDWR)
         try:
             if os.fstat(fd).st_size < size:
                 raise OSError(f"segment {name} is smaller than announced")
-        except BaseException:
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        finally:
             os.close(fd)
-            raise
-        with self._lock:
-            old = self._segments.pop(sid, None)
-            self._segments[sid] = _PeerSegment(fd, size)
+        with self._lock:  # (a replaced mapping lives while buffers use it)
+            self._segments[sid] = _PeerSegment(mm, size)
             self.names[sid] = name
-        if old is not None:  # (its mapping lives while buffers use it)
-            os.close(old.fd)
 
     def view(self, sid: int, offset: int, size: int, on_unused=None):
         """``size`` bytes at ``offset`` of segment ``sid``, with an owner
         of their own (KeyError if the segment was never announced,
         ValueError if out of bounds).  ``on_unused()`` runs once nothing
-        uses the bytes any more (no view, array or alias of them is left)."""
+        uses the bytes any more (no view, array or alias of them is left),
+        at once if they were copied out (``max_held`` buffers in use)."""
         with self._lock:
             seg = self._segments[sid]
             if offset < 0 or size < 0 or offset + size > seg.size:
@@ -345,11 +388,21 @@ class SegmentMaps:
                                  f"{sid} ({seg.size} bytes)")
             # the peer's file may have shrunk since it was announced: its
             # pages past the end would fault with SIGBUS when read
-            held = os.fstat(seg.fd).st_size
+            held = seg.file_size()
             if offset + size > held:
                 raise ValueError(f"{offset}+{size} bytes outside segment "
                                  f"{sid}, whose file now holds {held} bytes")
             owner = seg.owner()
+            in_place = len(self._held) < self.max_held
+            if in_place:  # (dict operations: atomic, in a finalizer too)
+                self._held[id(owner)] = True
+                weakref.finalize(owner, self._held.pop, id(owner), None)
+        if not in_place:
+            out = np.frombuffer(owner, np.uint8, size, offset).copy()
+            del owner
+            if on_unused is not None:
+                on_unused()
+            return out
         if on_unused is not None:
             weakref.finalize(owner, on_unused)
         return np.frombuffer(owner, np.uint8, size, offset)
@@ -384,13 +437,11 @@ class SegmentMaps:
                 _unlink_prefixed(prefix)
 
     def clear(self) -> None:
-        """Close the segments (mappings in use live on)."""
+        """Forget the segments (mappings in use live on; the others are
+        closed as they are collected)."""
         with self._lock:
-            fds = [seg.fd for seg in self._segments.values()]
             self._segments.clear()
             self.names.clear()
-        for fd in fds:
-            os.close(fd)
 
 
 def unlink_process_segments(pid: int) -> None:
