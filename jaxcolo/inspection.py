@@ -119,11 +119,16 @@ def describe_structure(treedef, limit: int = 64 * MAX_REPR) -> str:
         return (f"PyTreeDef of {treedef.num_nodes} nodes and "
                 f"{treedef.num_leaves} leaves (not printed: over "
                 f"{MAX_NODES_SHOWN} nodes)")
-    if _printed_size(treedef, limit) > limit:
+    try:
+        if _printed_size(treedef, limit) > limit:
+            return (f"PyTreeDef of {treedef.num_nodes} nodes and "
+                    f"{treedef.num_leaves} leaves (not printed: over {limit} "
+                    "characters)")
+        return clip(str(treedef), limit)
+    except Exception as e:  # noqa: BLE001 - an auxdata's own __repr__
         return (f"PyTreeDef of {treedef.num_nodes} nodes and "
-                f"{treedef.num_leaves} leaves (not printed: over {limit} "
-                "characters)")
-    return clip(str(treedef), limit)
+                f"{treedef.num_leaves} leaves (not printed: "
+                f"{type(e).__name__} in a node's repr)")
 
 
 def _printed_size(treedef, limit: int) -> int:

@@ -391,3 +391,60 @@ def test_custom_namedtuple_nodes_are_charged_their_rebuild_by_both_sides(
         jaxcolo.deserialize(data)
     inner = Tagged([None] * 2000, "small")
     assert jaxcolo.deserialize(jaxcolo.serialize(inner)) == inner
+
+
+class _UnprintableMeta:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return isinstance(other, _UnprintableMeta) and other.v == self.v
+
+    def __hash__(self):
+        return hash(self.v)
+
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+class _MetaNode:
+    def __init__(self, a, meta):
+        self.a, self.meta = a, meta
+
+
+def test_trees_that_flatten_oddly_are_encode_errors_or_written():
+    """A tree nested past Python's recursion limit, or containing itself,
+    raised SystemError (JAX's C++ flatten wrapping a RecursionError); a
+    defaultdict factory without __module__ (str.lower) raised
+    AttributeError; an auxdata whose repr raises (printed only for a cache
+    key) made serialize raise it, though its serializer works."""
+    deep = None
+    for _ in range(1000):
+        deep = [deep]
+    looped = []
+    looped.append(looped)
+    for tree in (deep, looped):
+        with pytest.raises(jaxcolo.EncodeError, match=r"^the tree nests too "
+                           r"deep to flatten, or contains itself - at \$$"):
+            jaxcolo.serialize(tree)
+    import collections
+    with pytest.raises(jaxcolo.EncodeError, match=r"default_factory .* is "
+                       r"not registered .* - at \$\['x'\]$"):
+        jaxcolo.serialize({"x": collections.defaultdict(str.lower)})
+    with pytest.raises(ValueError, match="must be a named module-level"):
+        jaxcolo.register_default_factory(str.lower)
+    s = jax.ShapeDtypeStruct((2,), np.float32)
+    jax.tree_util.register_pytree_node(
+        _MetaNode, lambda n: ((n.a,), n.meta),
+        lambda m, c: _MetaNode(c[0], m))
+    jax.export.register_pytree_node_serialization(
+        _MetaNode, serialized_name="tests.bad_input.MetaNode",
+        serialize_auxdata=lambda m: str(m.v).encode(),
+        deserialize_auxdata=lambda b: _UnprintableMeta(int(b)))
+    for _ in range(2):
+        back = jaxcolo.deserialize(jaxcolo.serialize(
+            _MetaNode(s, _UnprintableMeta(3))))
+        assert back.meta == _UnprintableMeta(3) and back.a == s
+    info = jaxcolo.inspect(jaxcolo.serialize(_MetaNode(s, _UnprintableMeta(3))))
+    assert info["structure"] == ("PyTreeDef of 2 nodes and 1 leaves (not "
+                                 "printed: RuntimeError in a node's repr)")

@@ -22,6 +22,17 @@ def qualified(obj) -> str:
     return f"{obj.__module__}:{obj.__qualname__}"
 
 
+def qualified_or_none(obj) -> str | None:
+    """``qualified(obj)``, or None if ``obj`` lacks a str __module__ or
+    __qualname__ (a method descriptor such as ``str.lower`` has no
+    __module__)."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return None
+    return f"{module}:{qualname}"
+
+
 def resolve_imported(name: str):
     """The object named "module:qualname" if its module is already imported
     (looked up in namespaces only: nothing is imported, no module
@@ -172,7 +183,7 @@ def register_default_factory(factory) -> None:
     module-level callable) in payloads, written and read by its
     ``module:qualname``.  Built-in containers and scalars are allowed
     already; register other factories in writer and reader alike."""
-    name = qualified(factory) if hasattr(factory, "__qualname__") else None
+    name = qualified_or_none(factory)
     if name is None or resolve_imported(name) is not factory:
         raise ValueError(f"default_factory {factory!r} must be a named "
                          "module-level callable")
@@ -195,7 +206,7 @@ def registered_factory(name: str):
 def factory_name(factory, path) -> str:
     if factory is None:
         return ""
-    name = qualified(factory) if hasattr(factory, "__qualname__") else None
+    name = qualified_or_none(factory)
     if name is None or DEFAULT_FACTORIES.get(name) is not factory:
         raise EncodeError(
             f"defaultdict default_factory {factory!r} is not registered "

@@ -243,8 +243,12 @@ def treedef_key(td):
     but encode differently: ``{1: x}`` == ``{True: x}`` == ``{1.0: x}``, and
     a StrEnum key equals its str; their reprs differ.  It holds the
     registries' generation: a node type registered for serialization after
-    a tree was cached is written under its new name."""
-    return td, str(td), registry_generation()
+    a tree was cached is written under its new name.  None (not cached) if
+    the treedef cannot be printed (an auxdata whose repr raises)."""
+    try:
+        return td, str(td), registry_generation()
+    except Exception:  # noqa: BLE001 - the user's __repr__
+        return None
 
 
 def flatten_treedef(td, path: str = "$", key=None) -> FlatTree:
@@ -253,19 +257,17 @@ def flatten_treedef(td, path: str = "$", key=None) -> FlatTree:
     if key is None:
         key = treedef_key(td)
     try:
-        hit = _FLAT_CACHE.get(key)
-    except TypeError:  # auxdata not hashable
-        hit = None
+        hit = None if key is None else _FLAT_CACHE.get(key)
+    except Exception:  # noqa: BLE001 - auxdata not hashable (its __hash__)
+        hit = key = None
     if hit is not None and (not hit.by_name or still_found(hit.by_name)):
         return hit  # (else: a name was rebound; flattening says so)
     out = FlatTree()
     _flatten_node(td, out, path)
-    try:
+    if key is not None:
         if len(_FLAT_CACHE) >= _FLAT_CACHE_MAX:
             _FLAT_CACHE.clear()
         _FLAT_CACHE[key] = out
-    except TypeError:
-        pass
     return out
 
 

@@ -52,6 +52,12 @@ def _flatten(obj):
         raise EncodeError("dict keys must all be str or all be int (JAX "
                           "cannot sort these keys to flatten the dict)",
                           _unsortable_dict_path(obj)) from None
+    except (RecursionError, SystemError) as e:  # (SystemError: JAX's C++
+        if isinstance(e, SystemError) and not isinstance(  # wrapping one)
+                e.__cause__ or e.__context__, RecursionError):
+            raise
+        raise EncodeError("the tree nests too deep to flatten, or contains "
+                          "itself", "$") from None
     key = treedef_key(treedef)
     try:
         flat = flatten_treedef(treedef, key=key)
@@ -228,9 +234,10 @@ def encode_spec_tree(obj, version: int | None = None,
     version = versions.check_writable(version)
     leaves, treedef, flat, td_key = _flatten(obj)
     try:
-        key = memo.encode_key((version, compress), td_key, leaves)
+        key = None if td_key is None else \
+            memo.encode_key((version, compress), td_key, leaves)
         hit = memo.lookup_encoded(key, leaves)
-    except TypeError:  # unhashable node data: not memoized
+    except Exception:  # noqa: BLE001 - unhashable node data: not memoized
         key = hit = None
     if hit is not None:
         return hit
