@@ -1,6 +1,7 @@
 """Malformed payloads: only PayloadError (with a field path), never a hang."""
 
 import os
+import re
 import random
 import struct
 import sys
@@ -448,3 +449,71 @@ def test_trees_that_flatten_oddly_are_encode_errors_or_written():
     info = jaxcolo.inspect(jaxcolo.serialize(_MetaNode(s, _UnprintableMeta(3))))
     assert info["structure"] == ("PyTreeDef of 2 nodes and 1 leaves (not "
                                  "printed: RuntimeError in a node's repr)")
+
+
+class _Cfg:
+    def __init__(self, xs, names):
+        self.xs, self.names = list(xs), tuple(names)
+
+
+class _Box:
+    def __init__(self, x, meta):
+        self.x, self.meta = x, meta
+
+
+def test_custom_auxdata_is_read_back_as_jax_reads_it():
+    """Custom nodes were rebuilt straight from the deserialized auxdata:
+    JSON auxdata (a tuple read back as a list) that the registered
+    from_children normalises came back as a different PyTreeDef (JAX's
+    export rebuilds the node and flattens it again, so it is equal there);
+    a dataclass whose meta fields came back as a list was written and then
+    refused by the reader; and a serializer that loses something was
+    written, so a colocated function's outputs (read back from the
+    discovered specs) matched on the first call only.  Readers rebuild the
+    node as JAX does; writers refuse auxdata that does not read back."""
+    import dataclasses
+    import functools
+    import json
+    s = jax.ShapeDtypeStruct((2,), np.float32)
+    jax.tree_util.register_pytree_node(
+        _Cfg, lambda c: (c.xs, c.names), lambda names, xs: _Cfg(xs, names))
+    jax.export.register_pytree_node_serialization(
+        _Cfg, serialized_name="tests.bad_input.Cfg",
+        serialize_auxdata=lambda names: json.dumps(list(names)).encode(),
+        deserialize_auxdata=json.loads,
+        from_children=lambda names, xs: _Cfg(xs, tuple(names)))
+    td = jax.tree_util.tree_structure(_Cfg([s, s], ("w", "b")))
+    assert jaxcolo.deserialize(jaxcolo.serialize([td])) == [td]
+
+    @functools.partial(jax.tree_util.register_dataclass, data_fields=["x"],
+                       meta_fields=["n", "tag"])
+    @dataclasses.dataclass
+    class DC:
+        x: object
+        n: int
+        tag: str
+    jax.export.register_pytree_node_serialization(
+        DC, serialized_name="tests.bad_input.DC",
+        serialize_auxdata=lambda aux: json.dumps(aux).encode(),
+        deserialize_auxdata=json.loads)
+    assert jaxcolo.deserialize(jaxcolo.serialize(DC(s, 3, "t"))) == \
+        DC(s, 3, "t")
+
+    jax.tree_util.register_pytree_node(
+        _Box, lambda b: ((b.x,), b.meta), lambda m, c: _Box(c[0], m))
+    jax.export.register_pytree_node_serialization(
+        _Box, serialized_name="tests.bad_input.Box",
+        serialize_auxdata=lambda m: json.dumps(m).encode(),
+        deserialize_auxdata=json.loads)
+    with pytest.raises(jaxcolo.EncodeError, match=re.escape(
+            "auxdata of _Box ('tests.bad_input.Box') reads back as "
+            "['w', 'b'], not ('w', 'b'): its serialize_auxdata and "
+            "deserialize_auxdata must be inverses") + r".* - at \$\[1\]$"):
+        jaxcolo.serialize([s, _Box(s, ("w", "b"))])
+    back = jaxcolo.deserialize(jaxcolo.serialize(_Box(s, ["w", "b"])))
+    assert back.meta == ["w", "b"]
+    f = jaxcolo.colocated_python(lambda x: _Box(x, ("w", "b")))
+    x = jax.device_put(np.ones(2, np.float32), jax.devices()[0])
+    with jaxcolo.use_executor(jaxcolo.InlineExecutor()):
+        with pytest.raises(jaxcolo.EncodeError, match="must be inverses"):
+            f(x)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 
 from jax._src.export import _export as jexport
+from jax.tree_util import tree_structure
 
 import jaxcolo_fb as fb
 from jaxcolo_fb import KeyKind
@@ -105,6 +106,11 @@ def node_spec(kind, t, n, path):
     except Exception as e:
         raise PayloadError(f"auxdata of {name!r} could not be decoded: {e!r}",
                            f"{path}.auxdata") from None
+    if not is_namedtuple(nodetype):
+        aux, problem = rebuilt_auxdata(nodetype, reg[2], aux, n)
+        if problem:
+            raise PayloadError(f"custom node {name!r} {problem}",
+                               f"{path}.auxdata")
     if fields is not None and (
             type(aux) is not tuple or len(aux) != len(fields[1])
             or n != len(fields[0])):  # jaxlib would read past them
@@ -113,6 +119,28 @@ def node_spec(kind, t, n, path):
             f"{len(fields[1])} meta fields, the payload has {n} children and "
             f"auxdata {_short(aux)}", f"{path}.auxdata")
     return nodetype, aux
+
+
+def rebuilt_auxdata(nodetype, from_children, aux, n: int):
+    """(auxdata, None) as JAX reads a custom node back (jax.export builds
+    the node with its registered ``from_children`` over placeholder
+    children and flattens it again, so auxdata its unflatten normalises,
+    e.g. a list made a tuple, comes back normalised), or (aux, why) if the
+    rebuilt node is not a ``nodetype`` node of ``n`` leaf children.  If
+    ``from_children`` cannot build it over placeholders (it wants real
+    leaves), ``aux`` as it is."""
+    try:
+        node = from_children(aux, [0.0] * n)
+        td = tree_structure(node)
+        data = td.node_data()
+    except Exception:  # noqa: BLE001 - the user's unflatten
+        return aux, None
+    if data is None or data[0] is not nodetype or \
+            td.num_nodes != n + 1 or td.num_leaves != n:
+        return aux, (f"rebuilt from its auxdata by its from_children is "
+                     f"{_short(td)}, not a {type_name(nodetype)} node of {n} "
+                     "children")
+    return data[1], None
 
 
 def _short(x) -> str:

@@ -25,7 +25,7 @@ from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
     found_by_name, is_namedtuple, plain_namedtuple, qualified, \
     registry_generation, still_found
-from jaxcolo.codec.node_data import node_spec, type_name
+from jaxcolo.codec.node_data import node_spec, rebuilt_auxdata, type_name
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
@@ -203,6 +203,9 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
             raise EncodeError(
                 f"auxdata serializer of {t.__name__} returned "
                 f"{type(blob).__name__}, expected bytes", _path(where))
+        if not is_namedtuple(t):
+            _check_auxdata_reads_back(t, name, aux, bytes(blob),
+                                      len(children), _path(where))
         out.kinds.append(NodeKind.custom)
         out.node_data.append(("custom", name, bytes(blob)))
         if is_namedtuple(t):  # rebuilt from pickle state (_make_custom_node)
@@ -224,6 +227,45 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
         steps = range(len(children))
     for step, c in zip(steps, children):
         _flatten_node(c, out, (where, step), depth + 1)
+
+
+def _check_auxdata_reads_back(t, name, aux, blob: bytes, n: int,
+                              path: str) -> None:
+    """EncodeError unless a reader (this process's registrations) rebuilds
+    this custom node with auxdata equal to ``aux``: a serializer that loses
+    something (JSON makes a tuple a list) changed the tree silently, and a
+    colocated function's outputs, read back from the discovered specs, no
+    longer matched on later calls."""
+    reg = jexport.deserialization_registry.get(name)
+    if reg is None or reg[0] is not t:
+        return  # (another process's registrations decide)
+    try:
+        back = reg[1](blob)
+    except Exception as e:
+        raise EncodeError(f"auxdata of {t.__name__} ({name!r}) does not read "
+                          f"back: its deserializer raised {e!r}",
+                          path) from None
+    back, problem = rebuilt_auxdata(t, reg[2], back, n)
+    if problem:
+        raise EncodeError(f"custom node {name!r} {problem}", path)
+    try:
+        same = bool(back == aux)
+    except Exception:  # noqa: BLE001 - no usable __eq__: JAX's own
+        return         # treedef comparison cannot tell either
+    if not same:
+        raise EncodeError(
+            f"auxdata of {t.__name__} ({name!r}) reads back as "
+            f"{_short_repr(back)}, not {_short_repr(aux)}: its "
+            "serialize_auxdata and deserialize_auxdata must be inverses "
+            "(the tree would come back different)", path)
+
+
+def _short_repr(x) -> str:
+    try:
+        text = repr(x)
+    except Exception:  # noqa: BLE001
+        return f"<{type(x).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _factory_name(factory, where) -> str:
