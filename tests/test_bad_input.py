@@ -1,5 +1,6 @@
 """Malformed payloads: only PayloadError (with a field path), never a hang."""
 
+import collections
 import os
 import re
 import random
@@ -517,3 +518,21 @@ def test_custom_auxdata_is_read_back_as_jax_reads_it():
     with jaxcolo.use_executor(jaxcolo.InlineExecutor()):
         with pytest.raises(jaxcolo.EncodeError, match="must be inverses"):
             f(x)
+
+
+_PointNT = collections.namedtuple("_PointNT", "x y")
+
+
+def test_a_namedtuple_whose_name_another_class_registered_is_refused():
+    """A plain namedtuple is written by its module:qualname, and readers
+    look that name up in jax.export's registry first: a different class
+    registered under it came back instead, silently."""
+    other = collections.namedtuple("Other", "x y")
+    jax.export.register_namedtuple_serialization(
+        other, serialized_name=f"{__name__}:_PointNT")
+    s = jax.ShapeDtypeStruct((2,), np.float32)
+    with pytest.raises(jaxcolo.EncodeError, match=r"namedtuple .*_PointNT is "
+                       r"not registered, but that name is registered .* - at "
+                       r"\$\['p'\]$"):
+        jaxcolo.serialize({"p": _PointNT(s, s)})
+    assert jaxcolo.deserialize(jaxcolo.serialize(other(s, s))) == other(s, s)

@@ -185,6 +185,14 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
                 "reader can find it by name: register it with "
                 "jax.export.register_namedtuple_serialization", _path(where))
         if reg is None:
+            other = jexport.deserialization_registry.get(name)
+            if other is not None:  # readers look that registry up first
+                raise EncodeError(
+                    f"namedtuple {name} is not registered, but that name is "
+                    f"registered for serialization by {other[0]!r}, which "
+                    "readers would make of it: register it with "
+                    "jax.export.register_namedtuple_serialization under "
+                    "another name", _path(where))
             out.by_name.append((t, name))
         out.kinds.append(NodeKind.namedtuple)
         out.node_data.append(("namedtuple", name, list(t._fields)))
