@@ -720,3 +720,15 @@ def test_jax_clear_caches_drops_specialisations(executor):
     del f
     gc.collect()
     assert alive() is None  # JAX holds the registration weakly
+
+
+def test_an_output_on_another_hosts_device_names_the_devices(executor):
+    """A function on device 5 returning an array on device 0 (another
+    host's, with two hosts) got a PayloadError about a missing shard for
+    device 0 under a process executor, which reads like a corrupt payload;
+    the devices are now checked before shards are looked for, as inline."""
+    f = jaxcolo.colocated_python(
+        lambda x: jax.device_put(np.float32(1), jax.devices()[0]))
+    with pytest.raises(ValueError, match=r"^<lambda>: output 0 lives on "
+                       r"devices \[0\] outside the function's devices \[5\]"):
+        f(put(np.float32(1), cpu_devices()[5]))

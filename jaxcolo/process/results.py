@@ -283,6 +283,9 @@ class Call:
                 raise PayloadError(f"discovered spec {i} is not a "
                                    "ShapeDtypeStruct with a sharding",
                                    "$.specs")
+        # (as the colocated API checks them, before shards are looked for)
+        specs_mod.check_within(leaves, self.plan.program.devices, "output",
+                               self.plan.name)
         return specs, [arrays.Layout(s, False) for s in leaves]
 
     def _assemble(self):
