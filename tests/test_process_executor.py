@@ -1714,3 +1714,60 @@ def test_sessions_before_v7_refuse_weak_arguments_and_leave_causes_out(
                 raiser(put(1, d))
             assert type(e.value.__cause__) is \
                 (KeyError if version >= 7 else type(None))
+
+
+_SUBMIT_THEN_EXIT = """
+import os, sys
+keep = sys.argv.pop() == "keep"
+sys.path[:0] = sys.argv[1:]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, numpy as np, jaxcolo
+
+def slow_plus_one(x):
+    import time
+    time.sleep(1.0)
+    return x + 1
+
+ex = jaxcolo.ProcessExecutor(num_hosts=1)
+f = jaxcolo.colocated_python(slow_plus_one).specialize(
+    out_specs_fn=lambda x: x)
+with jaxcolo.use_executor(ex):
+    fut = f.submit(jax.device_put(np.int32(7), jax.devices()[0]))
+fut.add_done_callback(lambda u: print("done", int(u.result()), flush=True))
+print("pids", *ex.worker_pids(), flush=True)
+if not keep:
+    del ex
+"""
+
+
+def test_interpreter_exit_lets_submitted_calls_finish(tmp_path):
+    """A call submitted just before the script ended was cut off: weakref's
+    own exit hook ran the executor's finalizer first, which stopped its
+    workers mid-call; the future stayed running and its callbacks never
+    ran, whether the executor was dropped or still held.  Exit now waits
+    for submitted calls (as a ThreadPoolExecutor's does), then shuts the
+    executor down."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for mode in ("drop", "keep"):
+        with open(tmp_path / "out", "w+") as out, \
+                open(tmp_path / "err", "w+") as err:
+            code = subprocess.run(
+                [sys.executable, "-c", _SUBMIT_THEN_EXIT, root,
+                 os.path.join(root, "generated"), mode], stdout=out,
+                stderr=err, timeout=120).returncode
+            out.seek(0)
+            err.seek(0)
+            assert code == 0, err.read()[-2000:]
+            lines = out.read().split("\n")
+        pids = [int(p) for p in lines[0].split()[1:]]
+        try:
+            assert lines[1] == "done 8", lines
+            wait_processes_exited(pids)
+        finally:
+            for p in pids:  # (if not)
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass

@@ -136,6 +136,7 @@ def once(fn, *args):
 # submitted to it (as a ThreadPoolExecutor does), then is freed.
 _SUBMITTED: dict = {}
 _SUBMITTED_LOCK = threading.Lock()
+_SUBMITTED_NONE = threading.Condition(_SUBMITTED_LOCK)  # _SUBMITTED empty
 
 
 def hold_until_done(executor, future) -> None:
@@ -155,6 +156,8 @@ def hold_until_done(executor, future) -> None:
             entry[1] -= 1
             if entry[1] == 0:
                 del _SUBMITTED[key]
+                if not _SUBMITTED:
+                    _SUBMITTED_NONE.notify_all()
         # (the executor may be freed here, when entry goes: not under the
         # lock, which its release may need)
     Future.add_done_callback(future, done)  # inline, wherever it completes
@@ -189,6 +192,10 @@ def finalizer(executor, owned: Owned) -> weakref.finalize:
             thread.start()
             _RELEASER.append(thread)
     fin = weakref.finalize(executor, release, owned)
+    # Not at exit through weakref's own exit hook, which runs before
+    # _release_at_exit (registered earlier) and would shut the executor
+    # down under the calls submitted to it: _release_at_exit does it.
+    fin.atexit = False
     entry = (fin, owned)
     with _LIVE_LOCK:
         _LIVE[id(owned)] = entry
@@ -228,13 +235,28 @@ def _run_releases() -> None:
         del owned
 
 
+def _wait_for_submitted_calls() -> None:
+    """Wait until every call submitted to any executor is done (as a
+    ThreadPoolExecutor's exit hook waits for its work items); Ctrl-C stops
+    waiting (the release then fails the calls left)."""
+    try:
+        with _SUBMITTED_LOCK:
+            while _SUBMITTED:
+                _SUBMITTED_NONE.wait(1.0)
+    except KeyboardInterrupt:
+        pass
+
+
 def _release_at_exit() -> None:
-    """At interpreter exit, on the main thread: release every executor not
-    yet released -- still held, held only for its submitted calls, or
-    about to be freed on a daemon reader thread whose call just completed
-    (its release would start after exit stopped waiting for threads, and
-    be cut short) -- and wait for the releases already queued."""
+    """At interpreter exit, on the main thread: wait for the calls
+    submitted to executors (they finish, their futures' callbacks run),
+    then release every executor not yet released -- still held, held only
+    for its submitted calls, or about to be freed on a daemon reader thread
+    whose call just completed (its release would start after exit stopped
+    waiting for threads, and be cut short) -- and wait for the releases
+    already queued."""
     global _LIVE
+    _wait_for_submitted_calls()
     fresh: dict = {}
     with _LIVE_LOCK:
         claimed, _LIVE = _LIVE, fresh
