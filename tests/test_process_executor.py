@@ -1728,12 +1728,30 @@ def slow_plus_one(x):
     time.sleep(1.0)
     return x + 1
 
+def report(u):
+    import time
+    time.sleep(0.5)  # (a callback that takes a moment runs to its end)
+    print("done", int(u.result()), flush=True)
+
 ex = jaxcolo.ProcessExecutor(num_hosts=1)
 f = jaxcolo.colocated_python(slow_plus_one).specialize(
     out_specs_fn=lambda x: x)
+x = jax.device_put(np.int32(7), jax.devices()[0])
 with jaxcolo.use_executor(ex):
-    fut = f.submit(jax.device_put(np.int32(7), jax.devices()[0]))
-fut.add_done_callback(lambda u: print("done", int(u.result()), flush=True))
+    fut = f.submit(x)
+fut.add_done_callback(report)
+
+def flood():  # a daemon thread submitting for ever: refused at exit
+    try:
+        with jaxcolo.use_executor(ex):
+            while True:
+                f.submit(x).result()
+    except jaxcolo.ExecutorError as e:
+        print("refused:", e, flush=True)
+
+if keep:
+    import threading
+    threading.Thread(target=flood, daemon=True).start()
 print("pids", *ex.worker_pids(), flush=True)
 if not keep:
     del ex
@@ -1744,9 +1762,11 @@ def test_interpreter_exit_lets_submitted_calls_finish(tmp_path):
     """A call submitted just before the script ended was cut off: weakref's
     own exit hook ran the executor's finalizer first, which stopped its
     workers mid-call; the future stayed running and its callbacks never
-    ran, whether the executor was dropped or still held.  Exit now waits
-    for submitted calls (as a ThreadPoolExecutor's does), then shuts the
-    executor down."""
+    ran, whether the executor was dropped or still held.  Exit now refuses
+    new submits (a daemon thread submitting in a loop kept it waiting for
+    ever), waits for the calls submitted before and their callbacks (one
+    still running on its thread was cut off), as a ThreadPoolExecutor's
+    does, then shuts the executor down."""
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1763,7 +1783,11 @@ def test_interpreter_exit_lets_submitted_calls_finish(tmp_path):
             lines = out.read().split("\n")
         pids = [int(p) for p in lines[0].split()[1:]]
         try:
-            assert lines[1] == "done 8", lines
+            assert "done 8" in lines, lines
+            if mode == "keep":
+                assert "refused: the interpreter is exiting: no new calls " \
+                    "are submitted (those submitted before finish)" in lines
+            assert lines[-1] == "", lines
             wait_processes_exited(pids)
         finally:
             for p in pids:  # (if not)

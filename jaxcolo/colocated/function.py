@@ -469,14 +469,22 @@ def _chain(inner: Future, out_treedef) -> Future:
     outer.set_running_or_notify_cancel()
 
     def done(f: Future) -> None:
+        handed = getattr(f, "pass_after_callbacks", None)
+        if handed is not None:  # what waits for its callbacks waits for
+            handed(outer)       # the outer future's (the user's) instead
         if f.cancelled():
             outer.set_exception(CancelledError())
             return
         e = f.exception()
         if e is not None:
             outer.set_exception(e)
-        else:
-            outer.set_result(out_treedef.unflatten(f.result()))
+            return
+        try:
+            out = out_treedef.unflatten(f.result())
+        except Exception as e:  # noqa: BLE001 - the outer future must end
+            outer.set_exception(e)
+            return
+        outer.set_result(out)
     Future.add_done_callback(inner, done)
     return outer
 

@@ -293,6 +293,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
 
     def submit(self, program, args: Sequence, *, lane: Hashable,
                checked: bool = False) -> Future:
+        lifetime.check_not_exiting()
         call = self._start(program, args, lane, False, checked)
         for _, link in call.links:
             link.kick()  # nobody waits: the links' background readers read

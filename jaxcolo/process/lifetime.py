@@ -137,11 +137,21 @@ def once(fn, *args):
 _SUBMITTED: dict = {}
 _SUBMITTED_LOCK = threading.Lock()
 _SUBMITTED_NONE = threading.Condition(_SUBMITTED_LOCK)  # _SUBMITTED empty
+_EXITING = False  # interpreter exit began: no new submitted calls
+
+
+def check_not_exiting() -> None:
+    """ExecutorError once interpreter exit has begun waiting for the calls
+    submitted before it (new ones are refused, so that wait ends)."""
+    if _EXITING:
+        from jaxcolo.errors import ExecutorError
+        raise ExecutorError("the interpreter is exiting: no new calls are "
+                            "submitted (those submitted before finish)")
 
 
 def hold_until_done(executor, future) -> None:
     """Keep ``executor`` alive until ``future`` (of a call submitted to it)
-    is done."""
+    is done and its done-callbacks have run."""
     key = id(executor)
     with _SUBMITTED_LOCK:
         entry = _SUBMITTED.get(key)
@@ -160,7 +170,11 @@ def hold_until_done(executor, future) -> None:
                     _SUBMITTED_NONE.notify_all()
         # (the executor may be freed here, when entry goes: not under the
         # lock, which its release may need)
-    Future.add_done_callback(future, done)  # inline, wherever it completes
+    after = getattr(future, "after_callbacks", None)
+    if after is not None:  # a CallFuture: once its callbacks have run
+        after(done)
+    else:
+        Future.add_done_callback(future, done)  # inline, where it completes
 
 
 # Executors not yet released (nor closed): id(owned) -> (finalizer, owned).
@@ -236,11 +250,14 @@ def _run_releases() -> None:
 
 
 def _wait_for_submitted_calls() -> None:
-    """Wait until every call submitted to any executor is done (as a
+    """Refuse new submitted calls, then wait until every call submitted to
+    any executor is done and its callbacks have run (as a
     ThreadPoolExecutor's exit hook waits for its work items); Ctrl-C stops
     waiting (the release then fails the calls left)."""
+    global _EXITING
     try:
         with _SUBMITTED_LOCK:
+            _EXITING = True
             while _SUBMITTED:
                 _SUBMITTED_NONE.wait(1.0)
     except KeyboardInterrupt:

@@ -79,6 +79,8 @@ class CallFuture(Future):
         self._callbacks: list = []
         self._callbacks_lock = threading.Lock()
         self._fired = False
+        self._after: list = []      # after_callbacks functions not yet run
+        self._running = False      # its callbacks' thread is running
 
     def add_done_callback(self, fn) -> None:
         with self._callbacks_lock:
@@ -97,22 +99,51 @@ class CallFuture(Future):
         super().set_exception(exception)
         self._fire()
 
+    def after_callbacks(self, fn) -> None:
+        """Run ``fn(self)`` once the future is done and the done-callbacks
+        added before it was done have run (on their thread, or here)."""
+        with self._callbacks_lock:
+            if not self._fired or self._running:
+                self._after.append(fn)
+                return
+        _run_callback(fn, self)
+
+    def pass_after_callbacks(self, other) -> None:
+        """Hand the after_callbacks functions not yet run to future
+        ``other`` (one chained to this, completed by it), to run after its
+        callbacks instead."""
+        with self._callbacks_lock:
+            after, self._after = self._after, []
+        for fn in after:
+            other.after_callbacks(fn)
+
     def _fire(self) -> None:
         with self._callbacks_lock:
             self._fired = True
             callbacks, self._callbacks = self._callbacks, []
-        if not callbacks:
-            return
-        if getattr(_thread, "internal", False):
+            if callbacks and getattr(_thread, "internal", False):
+                self._running = True
+        if self._running:
             try:
-                threading.Thread(target=_run_callbacks,
-                                 args=(callbacks, self), daemon=True,
+                threading.Thread(target=self._run_all, args=(callbacks,),
+                                 daemon=True,
                                  name="jaxcolo-future-callbacks").start()
                 return
             except RuntimeError:  # no thread to be had: run them here
                 log.warning("no thread for a future's callbacks; running "
                             "them on %s", threading.current_thread().name)
+        self._run_all(callbacks)
+
+    def _run_all(self, callbacks) -> None:
+        """The done-callbacks, then every after_callbacks function."""
         _run_callbacks(callbacks, self)
+        while True:
+            with self._callbacks_lock:
+                after, self._after = self._after, []
+                if not after:
+                    self._running = False
+                    return
+            _run_callbacks(after, self)
 
 
 class Plan:
