@@ -133,19 +133,19 @@ def describe_structure(treedef, limit: int = 64 * MAX_REPR) -> str:
 
 def _printed_size(treedef, limit: int) -> int:
     """At least the length of ``str(treedef)`` (a bound: each node's type
-    name, its node data's repr and punctuation), or some number over
+    name, its node data's text and punctuation), or some number over
     ``limit`` once that is certain.  Each distinct node data object, and
     each distinct item of a list or tuple of them (a dict's keys), is
     formatted once."""
     lengths: dict[int, int] = {}
 
-    def length(x) -> int:
-        n = lengths.get(id(x))
+    def length(x, show=str) -> int:  # (JAX prints node data with str:
+        n = lengths.get(id(x))         # a list's or tuple's items by repr)
         if n is None:
             if type(x) in (list, tuple):
-                n = 2 + sum(2 + length(item) for item in x)
+                n = 2 + sum(2 + length(item, repr) for item in x)
             else:
-                n = len(repr(x))
+                n = len(show(x))
             lengths[id(x)] = n
         return n
 

@@ -536,3 +536,48 @@ def test_a_namedtuple_whose_name_another_class_registered_is_refused():
                        r"\$\['p'\]$"):
         jaxcolo.serialize({"p": _PointNT(s, s)})
     assert jaxcolo.deserialize(jaxcolo.serialize(other(s, s))) == other(s, s)
+
+
+class _Picked:
+    """Its auxdata records which children are sequences."""
+
+    def __init__(self, xs):
+        self.xs = list(xs)
+
+
+def test_custom_nodes_are_rebuilt_over_their_children_subtrees():
+    """Custom nodes were rebuilt over a 0.0 per child, not the child's
+    subtree (jax.export rebuilds subtrees): a node whose flatten looks at
+    its children's structure was refused by the writer, blaming its
+    serializers, and a PyTreeDef written before read back different.  A
+    node whose auxdata depends on its leaves' values is refused, saying
+    so."""
+    import json
+    s = jax.ShapeDtypeStruct((2,), np.float32)
+    jax.tree_util.register_pytree_node(
+        _Picked, lambda n: (tuple(n.xs), tuple(
+            isinstance(x, (tuple, list)) for x in n.xs)),
+        lambda aux, ch: _Picked(ch))
+    jax.export.register_pytree_node_serialization(
+        _Picked, serialized_name="tests.bad_input.Picked",
+        serialize_auxdata=lambda a: json.dumps(a).encode(),
+        deserialize_auxdata=lambda b: tuple(json.loads(b)))
+    tree = _Picked([(s, s), s])
+    td = jax.tree_util.tree_structure(tree)
+    back = jaxcolo.deserialize(jaxcolo.serialize([tree, td]))
+    assert jax.tree_util.tree_structure(back[0]) == td and back[1] == td
+
+    class ByLeafType:
+        def __init__(self, xs):
+            self.xs = list(xs)
+    jax.tree_util.register_pytree_node(
+        ByLeafType, lambda n: (tuple(n.xs), tuple(
+            type(x).__name__ for x in n.xs)), lambda aux, ch: ByLeafType(ch))
+    jax.export.register_pytree_node_serialization(
+        ByLeafType, serialized_name="tests.bad_input.ByLeafType",
+        serialize_auxdata=lambda a: json.dumps(a).encode(),
+        deserialize_auxdata=lambda b: tuple(json.loads(b)))
+    with pytest.raises(jaxcolo.EncodeError, match=r"is rebuilt by its "
+                       r"from_children over placeholder leaves .* its auxdata "
+                       r"must not depend on its leaves' values - at \$$"):
+        jaxcolo.serialize(ByLeafType([s]))

@@ -11,6 +11,7 @@ meta values as they have fields (jaxlib indexes them unchecked).
 from __future__ import annotations
 
 import collections
+from typing import Callable, NamedTuple
 
 from jax._src.export import _export as jexport
 from jax.tree_util import tree_structure
@@ -51,13 +52,15 @@ def type_name(t) -> str:
 
 
 def node_spec(kind, t, n, path):
-    """(node type, node data) of a node with ``n`` children whose data
-    is table ``t``."""
+    """(node type, node data, rebuild) of a node with ``n`` children whose
+    data is table ``t``: ``rebuild`` is None, or for a registered custom
+    node the :class:`CustomRebuild` that :func:`rebuild_custom` makes it
+    with (once its children are known)."""
     if kind == NodeKind.dict:
-        return dict, _read_keys(t, n, path, need_sorted=True)
+        return dict, _read_keys(t, n, path, need_sorted=True), None
     if kind == NodeKind.ordered_dict:
         keys = _read_keys(t, n, path, need_sorted=False)
-        return collections.OrderedDict, tuple(keys)
+        return collections.OrderedDict, tuple(keys), None
     if kind == NodeKind.default_dict:
         keys = _read_keys(t, n, path, need_sorted=True)
         fname = t.string(LD.name, path, "name") or ""
@@ -69,7 +72,7 @@ def node_spec(kind, t, n, path):
                     f"defaultdict default_factory {fname[:200]!r} is not "
                     "registered here (jaxcolo.register_default_factory)",
                     f"{path}.name")
-        return collections.defaultdict, (factory, tuple(keys))
+        return collections.defaultdict, (factory, tuple(keys)), None
     name = t.string(LD.name, path, "name")
     if not name:
         raise PayloadError("node type name missing", f"{path}.name")
@@ -84,7 +87,7 @@ def node_spec(kind, t, n, path):
             raise PayloadError(
                 f"namedtuple {name!r} has fields {nt._fields}, the payload "
                 f"has {fields} with {n} children", f"{path}.fields")
-        return nt, None
+        return nt, None, None
     # custom
     reg = jexport.deserialization_registry.get(name)
     if reg is None:
@@ -106,41 +109,49 @@ def node_spec(kind, t, n, path):
     except Exception as e:
         raise PayloadError(f"auxdata of {name!r} could not be decoded: {e!r}",
                            f"{path}.auxdata") from None
-    if not is_namedtuple(nodetype):
-        aux, problem = rebuilt_auxdata(nodetype, reg[2], aux, n)
-        if problem:
-            raise PayloadError(f"custom node {name!r} {problem}",
-                               f"{path}.auxdata")
-    if fields is not None and (
-            type(aux) is not tuple or len(aux) != len(fields[1])
-            or n != len(fields[0])):  # jaxlib would read past them
-        raise PayloadError(
-            f"dataclass node {name!r} has {len(fields[0])} data and "
-            f"{len(fields[1])} meta fields, the payload has {n} children and "
-            f"auxdata {_short(aux)}", f"{path}.auxdata")
-    return nodetype, aux
+    if is_namedtuple(nodetype):  # rebuilt from pickle state
+        return nodetype, aux, None
+    return nodetype, aux, CustomRebuild(name, reg[2], fields)
 
 
-def rebuilt_auxdata(nodetype, from_children, aux, n: int):
-    """(auxdata, None) as JAX reads a custom node back (jax.export builds
-    the node with its registered ``from_children`` over placeholder
-    children and flattens it again, so auxdata its unflatten normalises,
-    e.g. a list made a tuple, comes back normalised), or (aux, why) if the
-    rebuilt node is not a ``nodetype`` node of ``n`` leaf children.  If
-    ``from_children`` cannot build it over placeholders (it wants real
-    leaves), ``aux`` as it is."""
+class CustomRebuild(NamedTuple):
+    """How a registered custom node is made once its children are known."""
+    name: str
+    from_children: Callable
+    fields: tuple | None  # a dataclass node's (data, meta) field names
+
+
+def rebuild_custom(nodetype, aux, how: CustomRebuild, children, path):
+    """The custom node as JAX reads it back: jax.export builds it with
+    its registered ``from_children`` over the children (leaves as 0.0) and
+    flattens it again, so auxdata its unflatten normalises (a list made a
+    tuple, fields derived from the children) comes back normalised.
+    PayloadError if that is not a ``nodetype`` node of these children;
+    None if ``from_children`` cannot build it over placeholders (it wants
+    real leaves): the caller then makes it from ``aux`` as it is (a
+    dataclass node's checked first: jaxlib indexes its fields unchecked)."""
     try:
-        node = from_children(aux, [0.0] * n)
+        node = how.from_children(aux, [c.unflatten([0.0] * c.num_leaves)
+                                       for c in children])
         td = tree_structure(node)
         data = td.node_data()
     except Exception:  # noqa: BLE001 - the user's unflatten
-        return aux, None
-    if data is None or data[0] is not nodetype or \
-            td.num_nodes != n + 1 or td.num_leaves != n:
-        return aux, (f"rebuilt from its auxdata by its from_children is "
-                     f"{_short(td)}, not a {type_name(nodetype)} node of {n} "
-                     "children")
-    return data[1], None
+        fields = how.fields
+        if fields is not None and (
+                type(aux) is not tuple or len(aux) != len(fields[1])
+                or len(children) != len(fields[0])):
+            raise PayloadError(
+                f"dataclass node {how.name!r} has {len(fields[0])} data and "
+                f"{len(fields[1])} meta fields, the payload has "
+                f"{len(children)} children and auxdata {_short(aux)}",
+                f"{path}.auxdata") from None
+        return None
+    if data is None or data[0] is not nodetype or td.children() != children:
+        raise PayloadError(
+            f"custom node {how.name!r} rebuilt by its from_children is "
+            f"{_short(td)}, not a {type_name(nodetype)} node of its "
+            f"{len(children)} children", f"{path}.auxdata")
+    return td
 
 
 def _short(x) -> str:

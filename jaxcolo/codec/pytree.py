@@ -25,7 +25,7 @@ from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
     found_by_name, is_namedtuple, plain_namedtuple, qualified, \
     registry_generation, still_found
-from jaxcolo.codec.node_data import node_spec, rebuilt_auxdata, type_name
+from jaxcolo.codec.node_data import node_spec, rebuild_custom, type_name
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
@@ -212,8 +212,8 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
                 f"auxdata serializer of {t.__name__} returned "
                 f"{type(blob).__name__}, expected bytes", _path(where))
         if not is_namedtuple(t):
-            _check_auxdata_reads_back(t, name, aux, bytes(blob),
-                                      len(children), _path(where))
+            _check_auxdata_reads_back(t, name, aux, bytes(blob), td,
+                                      _path(where))
         out.kinds.append(NodeKind.custom)
         out.node_data.append(("custom", name, bytes(blob)))
         if is_namedtuple(t):  # rebuilt from pickle state (_make_custom_node)
@@ -237,13 +237,16 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
         _flatten_node(c, out, (where, step), depth + 1)
 
 
-def _check_auxdata_reads_back(t, name, aux, blob: bytes, n: int,
+def _check_auxdata_reads_back(t, name, aux, blob: bytes, td,
                               path: str) -> None:
     """EncodeError unless a reader (this process's registrations) rebuilds
-    this custom node with auxdata equal to ``aux``: a serializer that loses
-    something (JSON makes a tuple a list) changed the tree silently, and a
-    colocated function's outputs, read back from the discovered specs, no
-    longer matched on later calls."""
+    custom node ``td`` (its type ``t``, auxdata ``aux``) equal, auxdata
+    compared with ==: a serializer that loses something (JSON makes a
+    tuple a list) changed the tree silently, and a colocated function's
+    outputs, read back from the discovered specs, no longer matched on
+    later calls.  Rebuilt as readers do (node_data.rebuild_custom); where
+    ``from_children`` cannot build it over placeholders, the auxdata read
+    back is compared."""
     reg = jexport.deserialization_registry.get(name)
     if reg is None or reg[0] is not t:
         return  # (another process's registrations decide)
@@ -253,19 +256,38 @@ def _check_auxdata_reads_back(t, name, aux, blob: bytes, n: int,
         raise EncodeError(f"auxdata of {t.__name__} ({name!r}) does not read "
                           f"back: its deserializer raised {e!r}",
                           path) from None
-    back, problem = rebuilt_auxdata(t, reg[2], back, n)
-    if problem:
-        raise EncodeError(f"custom node {name!r} {problem}", path)
+    children = td.children()
     try:
-        same = bool(back == aux)
+        rebuilt = jtu.tree_structure(reg[2](back, [
+            c.unflatten([0.0] * c.num_leaves) for c in children]))
+        data = rebuilt.node_data()
+    except Exception:  # noqa: BLE001 - wants real leaves: compare auxdata
+        rebuilt, data = None, (t, back)
+    try:
+        same = bool(data[1] == aux) if rebuilt is None else rebuilt == td
     except Exception:  # noqa: BLE001 - no usable __eq__: JAX's own
         return         # treedef comparison cannot tell either
-    if not same:
+    if same:
+        return
+    if not _equal(back, aux):
         raise EncodeError(
             f"auxdata of {t.__name__} ({name!r}) reads back as "
             f"{_short_repr(back)}, not {_short_repr(aux)}: its "
             "serialize_auxdata and deserialize_auxdata must be inverses "
-            "(the tree would come back different)", path)
+            "(auxdata is compared with ==; the tree would come back "
+            "different)", path)
+    raise EncodeError(
+        f"custom node {name!r} is rebuilt by its from_children over "
+        f"placeholder leaves (as readers and jax.export rebuild it) as "
+        f"{_short_repr(rebuilt)}, not {_short_repr(td)}: its auxdata must "
+        "not depend on its leaves' values", path)
+
+
+def _equal(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _short_repr(x) -> str:
@@ -474,10 +496,15 @@ class _DecodeState:
         for _ in range(n):
             children.append(self.node(depth + 1))
         make = _make
+        rebuild = None
+        if spec is not None:
+            spec, rebuild = spec[:2], spec[2]
         if kind == NodeKind.custom and is_namedtuple(spec[0]):
             self.copies += STATE_COST * sum(c.num_nodes for c in children)
             self.custom_namedtuples = True
             make = _make_custom_node
+        elif rebuild is not None:  # unflattening the children copies them
+            self.copies += sum(c.num_nodes for c in children)
         if self.copies > self.budget[0]:
             raise PayloadError(
                 "rebuilding the tree copies nodes out of proportion to the "
@@ -487,6 +514,10 @@ class _DecodeState:
             return _make(_REGISTRY, (tuple, None), children)
         if kind == NodeKind.list:
             return _make(_REGISTRY, (list, None), children)
+        if rebuild is not None:
+            node = rebuild_custom(*spec, rebuild, children, dpath)
+            if node is not None:
+                return node
         try:
             return make(_REGISTRY, spec, children)
         except Exception as e:  # a registered node's constructor refused
