@@ -956,6 +956,34 @@ print(int(fut.result(timeout=60)), socket_dir, *pids, flush=True)
 """
 
 
+def _run_script(tmp_path, script: str, mode: str) -> str:
+    """The stdout of ``python -c script ROOT ROOT/generated mode`` (which
+    must exit 0), through files: a worker left behind would hold a pipe
+    open."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(tmp_path / "out", "w+") as out, \
+            open(tmp_path / "err", "w+") as err:
+        code = subprocess.run(
+            [sys.executable, "-c", script, root,
+             os.path.join(root, "generated"), mode], stdout=out,
+            stderr=err, timeout=120).returncode
+        out.seek(0)
+        err.seek(0)
+        assert code == 0, err.read()[-2000:]
+        return out.read()
+
+
+def _kill_left(pids) -> None:
+    """Kill the processes ``pids`` that are still there."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_dropped_executor_cleans_up_before_the_interpreter_exits(
         tmp_path):
     """Freed when its last call completed (on a daemon reader thread), a
@@ -964,30 +992,14 @@ def test_a_dropped_executor_cleans_up_before_the_interpreter_exits(
     directory stayed, 2 runs in 8). Freed on the reader thread just after
     the exit hook ran, its release was cut short too: a worker that could
     not exit on its own (stopped) stayed (1 CI run in 3)."""
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for mode in ("run", "stop", "stop"):
-        # to files: a worker left behind would hold a pipe open
-        with open(tmp_path / "out", "w+") as out, \
-                open(tmp_path / "err", "w+") as err:
-            code = subprocess.run(
-                [sys.executable, "-c", _EXIT_AFTER_RESULT, root,
-                 os.path.join(root, "generated"), mode], stdout=out,
-                stderr=err, timeout=120).returncode
-            out.seek(0)
-            err.seek(0)
-            assert code == 0, err.read()[-2000:]
-            value, socket_dir, *pids = out.read().split()
+        value, socket_dir, *pids = _run_script(
+            tmp_path, _EXIT_AFTER_RESULT, mode).split()
         assert value == "8"
         try:
             wait_processes_exited([int(p) for p in pids])
         finally:
-            for p in pids:  # (if not)
-                try:
-                    os.kill(int(p), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_left([int(p) for p in pids])
         assert not os.path.exists(socket_dir)
 
 
@@ -1767,20 +1779,8 @@ def test_interpreter_exit_lets_submitted_calls_finish(tmp_path):
     ever), waits for the calls submitted before and their callbacks (one
     still running on its thread was cut off), as a ThreadPoolExecutor's
     does, then shuts the executor down."""
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for mode in ("drop", "keep"):
-        with open(tmp_path / "out", "w+") as out, \
-                open(tmp_path / "err", "w+") as err:
-            code = subprocess.run(
-                [sys.executable, "-c", _SUBMIT_THEN_EXIT, root,
-                 os.path.join(root, "generated"), mode], stdout=out,
-                stderr=err, timeout=120).returncode
-            out.seek(0)
-            err.seek(0)
-            assert code == 0, err.read()[-2000:]
-            lines = out.read().split("\n")
+        lines = _run_script(tmp_path, _SUBMIT_THEN_EXIT, mode).split("\n")
         pids = [int(p) for p in lines[0].split()[1:]]
         try:
             assert "done 8" in lines, lines
@@ -1790,8 +1790,4 @@ def test_interpreter_exit_lets_submitted_calls_finish(tmp_path):
             assert lines[-1] == "", lines
             wait_processes_exited(pids)
         finally:
-            for p in pids:  # (if not)
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_left(pids)

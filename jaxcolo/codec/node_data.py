@@ -143,7 +143,7 @@ def rebuild_custom(nodetype, aux, how: CustomRebuild, children, path):
             raise PayloadError(
                 f"dataclass node {how.name!r} has {len(fields[0])} data and "
                 f"{len(fields[1])} meta fields, the payload has "
-                f"{len(children)} children and auxdata {_short(aux)}",
+                f"{len(children)} children and auxdata {short_repr(aux)}",
                 f"{path}.auxdata") from None
         return None
     try:
@@ -155,13 +155,18 @@ def rebuild_custom(nodetype, aux, how: CustomRebuild, children, path):
     if not same:
         raise PayloadError(
             f"custom node {how.name!r} rebuilt by its from_children is "
-            f"{_short(td)}, not a {type_name(nodetype)} node of its "
+            f"{short_repr(td)}, not a {type_name(nodetype)} node of its "
             f"{len(children)} children", f"{path}.auxdata")
     return td
 
 
-def _short(x) -> str:
-    text = repr(x)
+def short_repr(x) -> str:
+    """``repr(x)`` for a message, cut to 80 characters (a placeholder if
+    the user's __repr__ raises)."""
+    try:
+        text = repr(x)
+    except Exception:  # noqa: BLE001
+        return f"<{type(x).__name__}>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 

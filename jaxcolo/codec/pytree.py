@@ -25,7 +25,8 @@ from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
     found_by_name, is_namedtuple, plain_namedtuple, qualified, \
     registry_generation, still_found
-from jaxcolo.codec.node_data import node_spec, rebuild_custom, type_name
+from jaxcolo.codec.node_data import node_spec, rebuild_custom, short_repr, \
+    type_name
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
@@ -272,14 +273,14 @@ def _check_auxdata_reads_back(t, name, aux, blob: bytes, td,
     if not _equal(back, aux):
         raise EncodeError(
             f"auxdata of {t.__name__} ({name!r}) reads back as "
-            f"{_short_repr(back)}, not {_short_repr(aux)}: its "
+            f"{short_repr(back)}, not {short_repr(aux)}: its "
             "serialize_auxdata and deserialize_auxdata must be inverses "
             "(auxdata is compared with ==; the tree would come back "
             "different)", path)
     raise EncodeError(
         f"custom node {name!r} is rebuilt by its from_children over "
         f"placeholder leaves (as readers and jax.export rebuild it) as "
-        f"{_short_repr(rebuilt)}, not {_short_repr(td)}: its auxdata must "
+        f"{short_repr(rebuilt)}, not {short_repr(td)}: its auxdata must "
         "not depend on its leaves' values", path)
 
 
@@ -288,14 +289,6 @@ def _equal(a, b) -> bool:
         return bool(a == b)
     except Exception:  # noqa: BLE001
         return False
-
-
-def _short_repr(x) -> str:
-    try:
-        text = repr(x)
-    except Exception:  # noqa: BLE001
-        return f"<{type(x).__name__}>"
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _factory_name(factory, where) -> str:

@@ -23,6 +23,8 @@ import time
 import weakref
 from concurrent.futures import Future
 
+from jaxcolo.errors import ExecutorError
+
 log = logging.getLogger("jaxcolo.executor")
 
 
@@ -144,7 +146,6 @@ def check_not_exiting() -> None:
     """ExecutorError once interpreter exit has begun waiting for the calls
     submitted before it (new ones are refused, so that wait ends)."""
     if _EXITING:
-        from jaxcolo.errors import ExecutorError
         raise ExecutorError("the interpreter is exiting: no new calls are "
                             "submitted (those submitted before finish)")
 
