@@ -963,14 +963,25 @@ def _strings_utf8_cannot_hold():
     from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "\udc80"))
     return [
-        ({"ok": None, "\ud800": None}, r"\.structure\.node_data\[0\]"),
-        ([jax.tree_util.tree_structure({"\udfff": 1})],
-         r"\.treedefs\[0\]\.node_data\[0\]"),
         (AbstractMesh((2,), ("\udfff",)), r"\.abstract_meshes\[0\]"),
         (PartitionSpec("x", "\ud800"), r"\.partition_specs\[0\]"),
         ([_leaf(), NamedSharding(mesh, PartitionSpec("x"))],
          r"\.meshes\[0\]"),
     ]
+
+
+@pytest.mark.parametrize("obj,path", [
+    ({"ok": None, "\ud800": None}, r"\['\\ud800'\]"),
+    ([{"a": None}, jax.tree_util.tree_structure({"b": {"\udfff": 1}})],
+     r"\[1\]\['b'\]\['\\udfff'\]"),
+])
+def test_dict_keys_utf8_cannot_hold_name_their_tree_path(obj, path):
+    """A dict key UTF-8 cannot hold was blamed on a payload field
+    ($.structure.node_data[0]) rather than the key's place in the tree."""
+    with pytest.raises(jaxcolo.EncodeError, match=r"dict key '\\ud[89a-f]"
+                       r"[0-9a-f]{2}' cannot be written as UTF-8 \(surrogates "
+                       rf"not allowed\) - at \${path}$"):
+        jaxcolo.serialize(obj)
 
 
 @pytest.mark.parametrize("obj,path", _strings_utf8_cannot_hold())
@@ -1558,3 +1569,28 @@ def test_a_header_below_8_with_namedtuple_custom_nodes_is_refused():
                            r"declares min_reader_version 7 - at " + where):
             jaxcolo.deserialize(forged)
         assert not check_readable(forged, 7)[0]
+
+
+@jax.tree_util.register_pytree_node_class
+class _SurrogateNamed:
+    def __init__(self, x):
+        self.x = x
+
+    def tree_flatten(self):
+        return (self.x,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0])
+
+
+jax.export.register_pytree_node_serialization(
+    _SurrogateNamed, serialized_name="tests.\udc80named",
+    serialize_auxdata=lambda aux: b"", deserialize_auxdata=lambda b: None)
+
+
+def test_custom_node_name_utf8_cannot_hold_names_its_tree_path():
+    with pytest.raises(jaxcolo.EncodeError, match=r"serialized_name of "
+                       r"_SurrogateNamed 'tests\.\\udc80named' cannot be "
+                       r"written as UTF-8 .* - at \$\['a'\]\[1\]$"):
+        jaxcolo.serialize({"a": [None, _SurrogateNamed(None)]})

@@ -111,6 +111,7 @@ def require_features(writer, flat: FlatTree, path: str) -> None:
 def _keys(keys, where):
     """(KeyKind, keys) of a dict node at ``where`` (see ``_path``)."""
     if all(type(k) is str for k in keys):
+        _check_utf8(keys, "dict key", lambda k: (where, k))
         return KeyKind.str if keys else KeyKind.none, list(keys)
     if all(type(k) is int for k in keys):
         if not all(-2**63 <= k < 2**63 for k in keys):
@@ -119,6 +120,22 @@ def _keys(keys, where):
     raise EncodeError(
         f"dict keys must all be str or all be int to serialize, got "
         f"{[type(k).__name__ for k in keys]}", _path(where))
+
+
+def _check_utf8(texts, what: str, where_of) -> None:
+    """EncodeError naming the tree path (``where_of(text)``) of the first
+    of ``texts`` that UTF-8 cannot hold (a lone surrogate), rather than
+    the payload field it would have gone to."""
+    try:
+        "".join(texts).encode("utf-8")
+    except UnicodeEncodeError:
+        for t in texts:
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise EncodeError(
+                    f"{what} {t!r:.80} cannot be written as UTF-8 "
+                    f"({e.reason})", _path(where_of(t))) from None
 
 
 class SpecLeafAsNode(EncodeError):
@@ -202,6 +219,8 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
         raise err  # a custom node (not a namedtuple node) we cannot write
     elif t in jexport.serialization_registry:
         name, ser = jexport.serialization_registry[t]
+        _check_utf8((name,), f"serialized_name of {t.__name__}",
+                    lambda _: where)
         try:
             blob = ser(aux)
         except Exception as e:
