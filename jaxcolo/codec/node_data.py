@@ -21,7 +21,7 @@ from jaxcolo_fb import KeyKind
 from jaxcolo_fb import NodeKind
 from jaxcolo.codec.names import dataclass_fields, is_custom_node, \
     is_namedtuple, registered_factory, resolve_namedtuple
-from jaxcolo.errors import PayloadError, UnregisteredError
+from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.wire import layout
 
 LD = layout(fb, "NodeData")
@@ -158,6 +158,59 @@ def rebuild_custom(nodetype, aux, how: CustomRebuild, children, path):
             f"{short_repr(td)}, not a {type_name(nodetype)} node of its "
             f"{len(children)} children", f"{path}.auxdata")
     return td
+
+
+def check_auxdata_reads_back(t, name, aux, blob: bytes, td,
+                             path: str) -> None:
+    """EncodeError unless a reader (this process's registrations) rebuilds
+    custom node ``td`` (its type ``t``, auxdata ``aux``) equal, auxdata
+    compared with ==: a serializer that loses something (JSON makes a
+    tuple a list) changed the tree silently, and a colocated function's
+    outputs, read back from the discovered specs, no longer matched on
+    later calls.  Rebuilt as readers do (``rebuild_custom``); where
+    ``from_children`` cannot build it over placeholders, the auxdata read
+    back is compared."""
+    reg = jexport.deserialization_registry.get(name)
+    if reg is None or reg[0] is not t:
+        return  # (another process's registrations decide)
+    try:
+        back = reg[1](blob)
+    except Exception as e:
+        raise EncodeError(f"auxdata of {t.__name__} ({name!r}) does not read "
+                          f"back: its deserializer raised {e!r}",
+                          path) from None
+    children = td.children()
+    try:
+        rebuilt = tree_structure(reg[2](back, [
+            c.unflatten([0.0] * c.num_leaves) for c in children]))
+        data = rebuilt.node_data()
+    except Exception:  # noqa: BLE001 - wants real leaves: compare auxdata
+        rebuilt, data = None, (t, back)
+    try:
+        same = bool(data[1] == aux) if rebuilt is None else rebuilt == td
+    except Exception:  # noqa: BLE001 - no usable __eq__: JAX's own
+        return         # treedef comparison cannot tell either
+    if same:
+        return
+    if not _equal(back, aux):
+        raise EncodeError(
+            f"auxdata of {t.__name__} ({name!r}) reads back as "
+            f"{short_repr(back)}, not {short_repr(aux)}: its "
+            "serialize_auxdata and deserialize_auxdata must be inverses "
+            "(auxdata is compared with ==; the tree would come back "
+            "different)", path)
+    raise EncodeError(
+        f"custom node {name!r} is rebuilt by its from_children over "
+        f"placeholder leaves (as readers and jax.export rebuild it) as "
+        f"{short_repr(rebuilt)}, not {short_repr(td)}: its auxdata must "
+        "not depend on its leaves' values", path)
+
+
+def _equal(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def short_repr(x) -> str:

@@ -25,8 +25,8 @@ from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
     found_by_name, is_namedtuple, plain_namedtuple, qualified, \
     registry_generation, still_found
-from jaxcolo.codec.node_data import node_spec, rebuild_custom, short_repr, \
-    type_name
+from jaxcolo.codec.node_data import check_auxdata_reads_back, node_spec, \
+    rebuild_custom, type_name
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
@@ -232,8 +232,8 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
                 f"auxdata serializer of {t.__name__} returned "
                 f"{type(blob).__name__}, expected bytes", _path(where))
         if not is_namedtuple(t):
-            _check_auxdata_reads_back(t, name, aux, bytes(blob), td,
-                                      _path(where))
+            check_auxdata_reads_back(t, name, aux, bytes(blob), td,
+                                     _path(where))
         out.kinds.append(NodeKind.custom)
         out.node_data.append(("custom", name, bytes(blob)))
         if is_namedtuple(t):  # rebuilt from pickle state (_make_custom_node)
@@ -255,59 +255,6 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
         steps = range(len(children))
     for step, c in zip(steps, children):
         _flatten_node(c, out, (where, step), depth + 1)
-
-
-def _check_auxdata_reads_back(t, name, aux, blob: bytes, td,
-                              path: str) -> None:
-    """EncodeError unless a reader (this process's registrations) rebuilds
-    custom node ``td`` (its type ``t``, auxdata ``aux``) equal, auxdata
-    compared with ==: a serializer that loses something (JSON makes a
-    tuple a list) changed the tree silently, and a colocated function's
-    outputs, read back from the discovered specs, no longer matched on
-    later calls.  Rebuilt as readers do (node_data.rebuild_custom); where
-    ``from_children`` cannot build it over placeholders, the auxdata read
-    back is compared."""
-    reg = jexport.deserialization_registry.get(name)
-    if reg is None or reg[0] is not t:
-        return  # (another process's registrations decide)
-    try:
-        back = reg[1](blob)
-    except Exception as e:
-        raise EncodeError(f"auxdata of {t.__name__} ({name!r}) does not read "
-                          f"back: its deserializer raised {e!r}",
-                          path) from None
-    children = td.children()
-    try:
-        rebuilt = jtu.tree_structure(reg[2](back, [
-            c.unflatten([0.0] * c.num_leaves) for c in children]))
-        data = rebuilt.node_data()
-    except Exception:  # noqa: BLE001 - wants real leaves: compare auxdata
-        rebuilt, data = None, (t, back)
-    try:
-        same = bool(data[1] == aux) if rebuilt is None else rebuilt == td
-    except Exception:  # noqa: BLE001 - no usable __eq__: JAX's own
-        return         # treedef comparison cannot tell either
-    if same:
-        return
-    if not _equal(back, aux):
-        raise EncodeError(
-            f"auxdata of {t.__name__} ({name!r}) reads back as "
-            f"{short_repr(back)}, not {short_repr(aux)}: its "
-            "serialize_auxdata and deserialize_auxdata must be inverses "
-            "(auxdata is compared with ==; the tree would come back "
-            "different)", path)
-    raise EncodeError(
-        f"custom node {name!r} is rebuilt by its from_children over "
-        f"placeholder leaves (as readers and jax.export rebuild it) as "
-        f"{short_repr(rebuilt)}, not {short_repr(td)}: its auxdata must "
-        "not depend on its leaves' values", path)
-
-
-def _equal(a, b) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def _factory_name(factory, where) -> str:
