@@ -543,3 +543,110 @@ def test_meshes_the_reader_refuses_are_not_written():
     with pytest.raises(jaxcolo.EncodeError, match=r"make more than 16777216 "
                        r"devices - at \$\.in_shardings\[0\]"):
         je.serialize(exp)
+
+
+def test_trees_as_deep_as_jax_writes_read_back():
+    """JAX's own writer goes about 330 levels deep; jaxcolo refused past
+    256 both ways.  Deeper than its own limit is refused, cleanly."""
+    def nested(depth):
+        arg = jax.ShapeDtypeStruct((2,), jnp.float32)
+        for _ in range(depth):
+            arg = (arg,)
+        return arg
+    exp = jax.export.export(jax.jit(lambda t: _unwrap(t, 290) * 2))(
+        nested(290))  # (JAX's writer needs the stack a test has left)
+    data = exp.serialize()
+    assert je.deserialize(data).in_tree == exp.in_tree
+    assert bytes(je.serialize(exp)) == bytes(data)
+    deep = jax.export.export(jax.jit(lambda t: _unwrap(t, 401) * 2))(
+        nested(401))
+    with pytest.raises(jaxcolo.EncodeError, match=r"deeper than 400 - at "
+                       r"\$\.in_tree"):
+        je.serialize(deep)
+
+
+def test_in_tree_that_is_no_args_kwargs_pair_is_a_payload_error():
+    """One byte (the in_tree root's kind) turned JAX's bytes into an
+    Exported whose call raised IndexError inside JAX."""
+    from jaxcolo.export.layouts import TREE as LT
+    exp = jax.export.export(jax.jit(lambda a, b: a + b))(jnp.ones(3),
+                                                         jnp.ones(3))
+    data = bytearray(exp.serialize())
+    tree = Buffer(bytes(data)).root().table(L.in_tree, "$", "in_tree")
+    at = tree._field(LT.kind, 1, "$", "kind")
+    assert data[at] == 2  # tuple
+    data[at] = 3  # list
+    with pytest.raises(jaxcolo.PayloadError, match=r"not that of an \(args "
+                       r"tuple, kwargs dict\) pair - at \$\.in_tree$"):
+        je.deserialize(bytes(data))
+
+
+def test_named_shardings_among_hlo_shardings_are_a_payload_error():
+    """A named in-sharding beside HloSharding out-shardings reached JAX as
+    an 'HloSharding' (exp.call raised AttributeError)."""
+    import dataclasses
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax._src.export._export import named_to_hlo_sharding
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))
+    s = NamedSharding(mesh, P("x"))
+    exp = jax.export.export(jax.jit(lambda x: x * 2, in_shardings=s,
+                                    out_shardings=s))(
+        jax.ShapeDtypeStruct((8,), jnp.float32, sharding=s))
+    hlo = named_to_hlo_sharding(exp._in_named_shardings[0], exp.in_avals[0])
+    mixed = je.serialize(dataclasses.replace(
+        exp, _out_named_shardings=(None,), out_shardings_hlo=(hlo,)),
+        version=6)
+    with pytest.raises(jaxcolo.PayloadError, match=r"a named sharding in an "
+                       r"Exported whose other shardings are HloShardings .* "
+                       r"- at \$\.in_shardings\[0\]$"):
+        je.deserialize(mixed)
+
+
+def test_effect_types_sharing_a_name_read_back_as_jax_reads_them():
+    """Of two lowerable effect types with one name, JAX's reader returns
+    the first it meets; jaxcolo returned the last."""
+    import dataclasses
+    from jax._src import effects
+
+    def make(tag):
+        class E(effects.Effect):
+            TAG = tag
+
+            def __eq__(self, other):
+                return type(other) is type(self)
+
+            def __hash__(self):
+                return hash(type(self))
+        effects.lowerable_effects.add_type(E)
+        return E
+    kinds = [make(1), make(2)]
+    base = jax.export.export(jax.jit(lambda x: x))(jnp.ones(3))
+    try:
+        for E in kinds:
+            data = dataclasses.replace(base, unordered_effects=(E(),)) \
+                .serialize()
+            theirs = jax.export.deserialize(data).unordered_effects[0]
+            assert type(je.deserialize(data).unordered_effects[0]) is \
+                type(theirs)
+    finally:
+        for E in kinds:
+            effects.lowerable_effects._effect_types.discard(E)
+
+
+def test_hlo_shardings_the_reader_refuses_are_not_written():
+    """At versions <= 5 (HloSharding protos only) a mesh of more than 2^20
+    devices was written, then refused by jaxcolo.export.deserialize."""
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+    m = AbstractMesh((2048, 1024), ("a", "b"))
+    s = NamedSharding(m, P("a", "b"))
+    exp = jax.export.export(jax.jit(lambda x: x, in_shardings=s,
+                                    out_shardings=s))(
+        jax.ShapeDtypeStruct((2048, 1024), np.float32, sharding=s))
+    with pytest.raises(jaxcolo.EncodeError, match=r"cannot be read back: "
+                       r"tile assignment dimensions \[2048, 1024\] make more "
+                       r"than 1048576 tiles - at \$\.in_shardings\[0\]\."
+                       r"hlo_sharding_proto$"):
+        je.serialize(exp, version=5)
+    data = je.serialize(exp)
+    assert je.deserialize(data).in_shardings_hlo == \
+        jax.export.deserialize(data).in_shardings_hlo

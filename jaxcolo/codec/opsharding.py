@@ -35,6 +35,17 @@ def canonical_proto(hlo, path: str = "$"):
     return clean
 
 
+def check_writable(op, path: str = "$") -> None:
+    """EncodeError unless readers accept OpSharding proto ``op`` (as
+    ``parse_foreign`` checks it): what a writer puts in a foreign-format
+    payload must read back."""
+    try:
+        _check(op, path)
+    except PayloadError as e:
+        raise EncodeError(f"the HloSharding cannot be read back: {e.reason}",
+                          path) from None
+
+
 def _clean(op):
     clean = xc.OpSharding()
     clean.type = op.type
@@ -70,10 +81,13 @@ def _check(op, path: str) -> None:
         return
     if kind != T.OTHER:
         raise PayloadError(f"unsupported OpSharding type {kind}", path)
-    n = bounded_product(dims, MAX_TILES)
-    if not dims or any(d < 1 for d in dims) or n is None:
+    if not dims or any(d < 1 for d in dims):
         raise PayloadError(f"bad tile assignment dimensions {dims[:16]}",
                            path)
+    n = bounded_product(dims, MAX_TILES)
+    if n is None:
+        raise PayloadError(f"tile assignment dimensions {dims[:16]} make "
+                           f"more than {MAX_TILES} tiles", path)
     if devs:
         if iota or perm:
             raise PayloadError("both device list and iota tile assignment",

@@ -85,11 +85,14 @@ def _exported(buf, t, path, depth):
     else:
         _same_length(in_avals, in_sh, path, "in")
         _same_length(out_avals, out_sh, path, "out")
+        _no_named_among_hlo(in_sh, path, "in")
+        _no_named_among_hlo(out_sh, path, "out")
         in_avals, out_avals = tuple(in_avals), tuple(out_avals)
         in_hlo, in_sh = tuple(in_sh), (None,) * len(in_sh)
         out_hlo, out_sh = tuple(out_sh), (None,) * len(out_sh)
 
     in_tree = _tree(buf, t, path, "in_tree", in_avals)
+    _check_args_kwargs(in_tree, f"{path}.in_tree")
     out_tree = _tree(buf, t, path, "out_tree", out_avals)
 
     platforms = tuple(t.strings(L.platforms, path, "platforms"))
@@ -197,6 +200,18 @@ def _same_length(avals, shardings, path, side):
                            f"avals", f"{path}.{side}_shardings")
 
 
+def _no_named_among_hlo(shardings, path, side):
+    """PayloadError for a named sharding in an Exported whose shardings
+    are HloShardings (some entry is one): JAX writes either kind
+    throughout, and a mix reached JAX as an HloSharding that is not one."""
+    for i, s in enumerate(shardings):
+        if s is not None and not is_hlo(s):
+            raise PayloadError(
+                "a named sharding in an Exported whose other shardings are "
+                "HloShardings (a writer uses one kind throughout)",
+                f"{path}.{side}_shardings[{i}]")
+
+
 def _apply(avals, shardings, path, side):
     """Avals with their named shardings applied, and the HloShardings (as
     JAX's reader computes them), memoized per (aval, sharding)."""
@@ -221,6 +236,18 @@ def _apply(avals, shardings, path, side):
         out_avals.append(hit[0])
         hlos.append(hit[1])
     return tuple(out_avals), tuple(hlos)
+
+
+def _check_args_kwargs(tree, path):
+    """PayloadError unless ``tree`` is that of an ``(args tuple, kwargs
+    dict)`` pair, as JAX's ``in_tree`` always is (exp.call indexes it so)."""
+    node = tree.node_data()
+    kids = tree.children()
+    if node is None or node[0] is not tuple or len(kids) != 2 or \
+            (kids[0].node_data() or (None,))[0] is not tuple or \
+            (kids[1].node_data() or (None,))[0] is not dict:
+        raise PayloadError(f"in_tree is {tree}, not that of an (args "
+                           "tuple, kwargs dict) pair", path)
 
 
 def _tree(buf, t, path, name, avals):

@@ -39,7 +39,12 @@ def encode_effect(builder, eff, path) -> int:
 
 
 def _effect_types() -> dict:
-    return {str(t): t for t in jeffects.lowerable_effects._effect_types}
+    """Lowerable effect types by name; of types with one name, the first in
+    JAX's own iteration order (the one jax.export's reader returns)."""
+    types: dict = {}
+    for t in jeffects.lowerable_effects._effect_types:
+        types.setdefault(str(t), t)
+    return types
 
 
 def decode_effect(t, path):

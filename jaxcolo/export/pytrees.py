@@ -21,23 +21,33 @@ import jaxcolo_jax_export_fb as fb
 from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.export.layouts import TREE as L
 
-MAX_DEPTH = 256
+# Deeper than JAX's own writer goes: its recursion fails past about 330
+# levels, so every tree JAX writes reads back.  (Two frames a level here:
+# a stack too shallow for that is an error of ours, never a RecursionError.)
+MAX_DEPTH = 400
 _K = fb.PyTreeDefKind
 _NONE = jtu.tree_structure(None)
 
 
 # ------------------------------------------------------------------ encode
 
-def encode_tree(builder, td, custom_ok: bool, path: str = "$",
-                depth: int = 0) -> int:
+def encode_tree(builder, td, custom_ok: bool, path: str = "$") -> int:
     """Build ``td`` bottom-up; returns the node table's offset."""
+    try:
+        return _encode_node(builder, td, custom_ok, path, 0)
+    except RecursionError:
+        raise EncodeError("pytree nesting too deep for this thread's stack",
+                          path) from None
+
+
+def _encode_node(builder, td, custom_ok: bool, path: str, depth: int) -> int:
     if depth > MAX_DEPTH:
         raise EncodeError(f"pytree nesting deeper than {MAX_DEPTH}", path)
     nd = td.node_data()
     children = td.children()
     children_off = 0
     if children:
-        offs = [encode_tree(builder, c, custom_ok, path, depth + 1)
+        offs = [_encode_node(builder, c, custom_ok, path, depth + 1)
                 for c in children]
         children_off = _offset_vector(builder, offs)
     names_off = name_off = aux_off = 0
@@ -198,7 +208,11 @@ def decode_tree(buf, t, path: str, leaves) -> jtu.PyTreeDef:
     """The PyTreeDef stored in table ``t``; ``leaves`` are the avals it must
     hold (JAX passes them to custom nodes' ``from_children``)."""
     reader = _Reader(buf)
-    root = reader.node(t, path, 0)
+    try:
+        root = reader.node(t, path, 0)
+    except RecursionError:
+        raise PayloadError("pytree nesting too deep for this thread's stack",
+                           path) from None
     if reader.n_leaves != len(leaves):
         raise PayloadError(f"tree has {reader.n_leaves} leaves but there are "
                            f"{len(leaves)} avals", path)
@@ -206,6 +220,9 @@ def decode_tree(buf, t, path: str, leaves) -> jtu.PyTreeDef:
     # the PyTreeDef bottom-up would copy each node once per ancestor).
     try:
         td = jtu.tree_structure(_as_pytree(root, iter(leaves)))
+    except RecursionError:
+        raise PayloadError("pytree nesting too deep for this thread's stack",
+                           path) from None
     except Exception as e:  # user from_children code rejected the children
         raise PayloadError(f"cannot rebuild the tree: {e!r}", path) from None
     if td.num_leaves != len(leaves):

@@ -271,8 +271,9 @@ def encode_sharding(builder, named, hlo, has_named, row, path) -> int:
         if not unspecified:
             kind = fb.ShardingKind.hlo_sharding
         if hlo is not None:
-            hlo_off = builder.CreateByteVector(
-                hlo.to_proto().SerializeToString())
+            proto = hlo.to_proto()
+            opsharding.check_writable(proto, path + ".hlo_sharding_proto")
+            hlo_off = builder.CreateByteVector(proto.SerializeToString())
     fb.ShardingStart(builder)
     if row.hlo_shardings:
         fb.ShardingAddKind(builder, kind)
