@@ -299,3 +299,18 @@ def test_bundle_inspect_names_the_inner_path():
                 as e:
             fn(bad)
         assert "neither a jaxcolo payload" not in str(e.value)
+
+
+def test_a_schema_version_without_its_history_row_is_refused(monkeypatch):
+    """SCHEMA_VERSION bumped (and frozen) without a versions.HISTORY row
+    passed check_schema; the library's own version was then unknown to
+    ``jaxcolo check``."""
+    from jaxcolo import versions
+    assert check_schema.history_problems() == []
+    monkeypatch.setattr(check_schema, "SCHEMA_VERSION",
+                        versions.SCHEMA_VERSION + 1)
+    problems = check_schema.history_problems()
+    assert len(problems) == 1 and "needs one row for each of 1.." in \
+        problems[0]
+    with pytest.raises(SystemExit, match="cannot freeze"):
+        check_schema.freeze(versions.SCHEMA_VERSION + 1)

@@ -33,6 +33,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from regen import ROOT, flatc  # noqa: E402
 sys.path.insert(0, ROOT)
+from jaxcolo import versions as jversions  # noqa: E402
 from jaxcolo.versions import SCHEMA_VERSION  # noqa: E402
 from jaxcolo.wire import layout  # noqa: E402
 SCHEMA_DIR = os.path.join(ROOT, "schema")
@@ -271,6 +272,20 @@ def evolution_problems(frozen: list) -> list[str]:
     return problems
 
 
+def history_problems() -> list[str]:
+    """Problems with versions.HISTORY, the table of what each version
+    added: one row per version 1..SCHEMA_VERSION, in order (a version
+    without its row is unknown to readers' checks and to ``jaxcolo
+    check``)."""
+    rows = [info.version for info in jversions.HISTORY]
+    want = list(range(1, SCHEMA_VERSION + 1))
+    if rows == want:
+        return []
+    return [f"versions.HISTORY has rows for versions {rows}, but "
+            f"SCHEMA_VERSION {SCHEMA_VERSION} needs one row for each of "
+            f"1..{SCHEMA_VERSION}, in order"]
+
+
 def freeze(n: int) -> int:
     """Copy schema/*.fbs to history/vN: only the next version, only once
     SCHEMA_VERSION says N, and only a schema that evolves every frozen one
@@ -287,6 +302,9 @@ def freeze(n: int) -> int:
     problems = check_frozen_files() if os.path.exists(SUMS) else []
     if problems:
         sys.exit("frozen versions were edited: " + "; ".join(problems))
+    problems = history_problems()
+    if problems:
+        sys.exit(f"cannot freeze v{n}: " + "; ".join(problems))
     problems = evolution_problems(frozen) + declarations(SCHEMA_DIR)[2]
     if problems:
         sys.exit(f"not freezing v{n}: the schema does not evolve the frozen "
@@ -321,7 +339,7 @@ def main() -> int:
         for problem in compare_current_with_frozen(versions[-1]):
             print(problem)
             failures += 1
-    for problem in declarations(SCHEMA_DIR)[2]:
+    for problem in declarations(SCHEMA_DIR)[2] + history_problems():
         print(problem)
         failures += 1
     jax_problems = compare_with_jax()
