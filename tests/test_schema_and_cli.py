@@ -135,6 +135,9 @@ def test_freeze_refuses_a_schema_that_does_not_conform(tmp_path, monkeypatch,
                        rf"version is v{n} and SCHEMA_VERSION"):
         check_schema.freeze(n)  # versions.py not bumped yet
     monkeypatch.setattr(check_schema, "SCHEMA_VERSION", n)
+    from jaxcolo import versions
+    monkeypatch.setattr(versions, "HISTORY", versions.HISTORY + (
+        versions.VersionInfo(n, 1, ()),))
     with pytest.raises(SystemExit, match=rf"cannot freeze v{n + 1}"):
         check_schema.freeze(n + 1)
     with pytest.raises(SystemExit, match=rf"not freezing v{n}: the schema "
@@ -314,3 +317,43 @@ def test_a_schema_version_without_its_history_row_is_refused(monkeypatch):
         problems[0]
     with pytest.raises(SystemExit, match="cannot freeze"):
         check_schema.freeze(versions.SCHEMA_VERSION + 1)
+
+
+def test_messages_refuse_what_their_nested_payloads_refuse():
+    """A message's program and specs were taken on their header alone:
+    check and inspect called a message readable whose nested program was
+    corrupt, or whose specs were a program."""
+    from jaxcolo.checking import check_readable
+    from jaxcolo.colocated.program import encode_program
+    from jaxcolo.process import messages
+    from jaxcolo.process.messages import Message, MessageKind
+    sds = jax.ShapeDtypeStruct((8,), np.float32, sharding=jax.sharding.
+                               SingleDeviceSharding(jax.devices()[0]))
+    prog = encode_program(name="f", kind="function", body=b"body",
+                          in_specs=jaxcolo.serialize(((sds,), {})),
+                          out_specs=None, device_ids=[0])
+    good = messages.encode(Message(MessageKind.register, program_id=b"p" * 16,
+                                   program=prog))
+    info = jaxcolo.inspect(good)
+    assert info["program"]["name"] == "f"
+    assert check_readable(good, jaxcolo.SCHEMA_VERSION)[0]
+    corrupt = prog[:-1] + bytes([prog[-1] ^ 1])
+    bad = [
+        (Message(MessageKind.register, program_id=b"p" * 16, program=corrupt),
+         r"checksum mismatch.* - at \$\.program\.header\.crc32$"),
+        (Message(MessageKind.result, call_id=1, specs=prog),
+         r"is not a spec tree - at \$\.specs\.header\.root_kind$"),
+        (Message(MessageKind.register, program_id=b"p" * 16,
+                 program=jaxcolo.serialize([sds])),
+         r"is not a program - at \$\.program\.header\.root_kind$"),
+    ]
+    for m, error in bad:
+        data = messages.encode(m)
+        for fn in (jaxcolo.deserialize, jaxcolo.inspect):
+            with pytest.raises(jaxcolo.PayloadError, match=error):
+                fn(data)
+        ok, why = check_readable(data, jaxcolo.SCHEMA_VERSION)
+        assert not ok and "malformed payload" in why
+    ok_specs = messages.encode(Message(MessageKind.result, call_id=1,
+                                       specs=jaxcolo.serialize([sds])))
+    assert jaxcolo.inspect(ok_specs)["specs"]["num_leaves"] == 1

@@ -385,12 +385,44 @@ def _decode_body(body) -> Message:
 
 
 def decode_with_resolver(data, device_resolver=None) -> Message:
-    """``jaxcolo.deserialize`` of a message (ids stay ids: no resolving)."""
-    return decode(data)
+    """``jaxcolo.deserialize`` of a message: shard device ids stay ids; the
+    jaxcolo payloads nested in it (a program, specs) are decoded as their
+    receivers decode them, refusing what those refuse (paths under
+    ``$.program`` / ``$.specs``), and kept as bytes.  Nested bytes that are
+    no jaxcolo payload are opaque here, as to the writer (their receiver
+    judges them)."""
+    from jaxcolo.codec import spec_tree
+    from jaxcolo.colocated.program import decode_program
+    m = decode(data)
+    with envelope.inflation_scope(m.inflation):
+        if m.program is not None and envelope.is_envelope(m.program):
+            _nested(decode_program, m.program, "$.program", device_resolver)
+        if m.specs is not None and envelope.is_envelope(m.specs):
+            _nested(spec_tree.decode_spec_tree, m.specs, "$.specs",
+                    device_resolver)
+    return m
+
+
+def _nested(fn, data, path: str, *args):
+    """``fn(data, *args)`` with a PayloadError's path put under ``path``."""
+    try:
+        return fn(data, *args)
+    except PayloadError as e:
+        raise type(e)(e.reason, path + e.path[1:]) from None
+
+
+def _inspect_program(data) -> dict:
+    from jaxcolo.inspection import inspect
+    header = envelope.read_header(data)
+    if header.root_kind != RootKind.program:
+        raise PayloadError(f"root kind {header.root_kind} is not a program",
+                           "$.header.root_kind")
+    return inspect(data)
 
 
 def inspect_message(data, header) -> dict:
-    """``jaxcolo.inspect`` content of a message payload."""
+    """``jaxcolo.inspect`` content of a message payload (nested payloads
+    inspected too, refusing what decoders refuse)."""
     m = decode(data, header.min_reader_version
                if header.min_reader_version > 1 else None)
     out = {"kind": m.kind_name}
@@ -404,6 +436,9 @@ def inspect_message(data, header) -> dict:
         out["program_id"] = m.program_id.hex()
     if m.program is not None:
         out["program_size"] = len(m.program)
+        if envelope.is_envelope(m.program):
+            out["program"] = _nested(_inspect_program, m.program,
+                                     "$.program")
     if m.shards is not None:
         out["shards"] = len(m.shards.leaf)
         out["buffers"] = {KIND_WHERE.get(w, str(w)): sum(
@@ -415,7 +450,11 @@ def inspect_message(data, header) -> dict:
     if m.forgotten:
         out["forgotten"] = [p.hex() for p in m.forgotten]
     if m.specs is not None:
+        from jaxcolo.inspection import inspect_nested_spec_tree
         out["specs_size"] = len(m.specs)
+        if envelope.is_envelope(m.specs):
+            out["specs"] = _nested(lambda d: inspect_nested_spec_tree(d)[0],
+                                   m.specs, "$.specs")
     for field in ("error_type", "error_message", "text"):
         if getattr(m, field) is not None:
             out[field] = getattr(m, field)
