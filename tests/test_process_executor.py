@@ -235,10 +235,15 @@ def test_a_node_type_registered_later_is_used_by_the_same_program():
                 "registrations of the modules it imports")):
             ident(ct.Late(x))
         decoded = ex.stats()["hosts"][0]["programs_decoded"]
+        notes = []
         for _ in range(3):  # nothing registered since: not decoded again
-            with pytest.raises(jaxcolo.UnregisteredError):
+            with pytest.raises(jaxcolo.UnregisteredError) as info:
                 ident(ct.Late(x))
+            notes.append("".join(info.value.__notes__))
         assert ex.stats()["hosts"][0]["programs_decoded"] == decoded
+        # the worker raised its one kept error object each call: its
+        # traceback (and the frames holding each call's buffers) grew
+        assert len(set(notes)) == 1, [len(n) for n in notes]
         jaxcolo.colocated_python(ct.register_late_here).specialize(
             out_specs_fn=_identity)(x)
         out = ident(ct.Late(x))

@@ -51,6 +51,13 @@ class Entry:
         self.lacked = None  # registrations() when a type was missing
 
 
+def _fresh(error: PayloadError) -> PayloadError:
+    """A new exception like ``error`` (each PayloadError type takes
+    (reason, path)): raising one kept object every call grew its traceback
+    by the raising frames, which held each call's message and buffers."""
+    return type(error)(error.reason, error.path)
+
+
 class ProgramTable:
     def __init__(self, stats: dict):
         self._programs: dict[bytes, Entry] = {}
@@ -94,7 +101,7 @@ class ProgramTable:
                 self._decode(entry, None)  # registered since then?
                 self._note_method(entry)
             if entry.error is not None:
-                raise entry.error
+                raise _fresh(entry.error)
         return entry
 
     def forget(self, program_ids) -> None:
@@ -128,7 +135,7 @@ class ProgramTable:
                                             e.path)
             entry.lacked = registrations()
         except PayloadError as e:
-            entry.error = e
+            entry.error = _fresh(e)
         except Exception as e:  # noqa: BLE001 - e.g. an indivisible sharding
             entry.error = PayloadError(f"unusable in_specs: {e!r}",
                                        "$.program.in_specs")
