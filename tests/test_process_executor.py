@@ -479,9 +479,30 @@ def test_timeouts_are_checked(one_host, bad):
 def test_watchdog_periods_are_checked(name, bad):
     """lost_timeout=None (or -1) was taken: the watchdog thread died of a
     TypeError and a silent worker was never found lost."""
+    if name == "heartbeat" and bad is None:
+        return  # the default: 1 s, or a quarter of a shorter lost_timeout
     with pytest.raises(ValueError, match=(
             f"^{name} must be a finite number of seconds > 0, got ")):
         jaxcolo.ProcessExecutor(num_hosts=1, **{name: bad})
+
+
+def test_lost_timeout_spans_heartbeats():
+    """lost_timeout=0.5 with the 1 s heartbeat was taken: an idle worker,
+    silent between heartbeats, was declared lost again and again (a 3 s
+    sleep failed after 0.57 s; the instance's state was lost)."""
+    with pytest.raises(ValueError, match=r"lost_timeout \(1\.0s\) must be "
+                       r"at least 3x heartbeat \(0\.5s\)"):
+        jaxcolo.ProcessExecutor(num_hosts=1, lost_timeout=1.0, heartbeat=0.5)
+    nap = jaxcolo.colocated_python(
+        lambda x: (time.sleep(1.5), x)[1]).specialize(out_specs_fn=_identity)
+    x = put(np.int32(2), cpu_devices()[0])
+    with jaxcolo.ProcessExecutor(num_hosts=1, lost_timeout=0.5) as ex, \
+            jaxcolo.use_executor(ex):
+        pid = ex.worker_pids()[0]
+        assert int(nap(x)) == 2
+        time.sleep(1.0)  # idle between calls
+        assert int(nap(x)) == 2
+        assert ex.worker_pids()[0] == pid  # never lost, never restarted
 
 
 def test_infinite_timeout_is_no_timeout(one_host):

@@ -97,6 +97,26 @@ def _seconds(value, what: str) -> float:
     return float(value)
 
 
+# A worker is lost after lost_timeout without a message: at least this many
+# heartbeat periods, or a worker that is merely idle would be taken for lost.
+HEARTBEATS_PER_LOST = 3
+
+
+def _heartbeat(heartbeat, lost_timeout: float) -> float:
+    """The heartbeat period: ``heartbeat`` seconds (ValueError unless
+    ``lost_timeout`` spans HEARTBEATS_PER_LOST of them), or by default 1 s,
+    or a quarter of a shorter ``lost_timeout``."""
+    if heartbeat is None:
+        return min(1.0, lost_timeout / 4)
+    heartbeat = _seconds(heartbeat, "heartbeat")
+    if lost_timeout < HEARTBEATS_PER_LOST * heartbeat:
+        raise ValueError(
+            f"lost_timeout ({lost_timeout}s) must be at least "
+            f"{HEARTBEATS_PER_LOST}x heartbeat ({heartbeat}s): an idle "
+            "worker is silent between heartbeats and would be taken for lost")
+    return heartbeat
+
+
 class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
     """Runs colocated programs in worker processes (see module docstring).
 
@@ -104,7 +124,9 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
     contiguous block of ``devices`` (default: this process's CPU devices).
     ``addresses``/``authkey``: connect to running workers instead.
     ``call_timeout``: default per-call timeout in seconds (None: none).
-    ``lost_timeout``: a worker silent this long is lost.
+    ``lost_timeout``: a worker silent this long is lost.  ``heartbeat``:
+    how often workers send a heartbeat (default 1 s, or a quarter of a
+    shorter ``lost_timeout``; ``lost_timeout`` must span three).
     ``straggler_timeout``: seconds the hosts of a multi-host call that
     failed on one host (or timed out) get to be done with it before they
     are lost -- they may wait in a collective that never completes (None:
@@ -123,7 +145,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
     def __init__(self, num_hosts: int | None = None, *, addresses=None,
                  authkey: bytes | None = None, devices=None,
                  call_timeout: float | None = None, lost_timeout: float = 10.0,
-                 heartbeat: float = 1.0, start_timeout: float = 120.0,
+                 heartbeat: float | None = None, start_timeout: float = 120.0,
                  straggler_timeout: float | None = 60.0,
                  connect_timeout: float = 10.0, restart: bool = True,
                  min_version: int | None = None,
@@ -146,7 +168,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         self._opts = dict(
             timeout=_seconds(connect_timeout, "connect_timeout"),
             lost_timeout=_seconds(lost_timeout, "lost_timeout"),
-            heartbeat=_seconds(heartbeat, "heartbeat"), use_shm=shm,
+            heartbeat=_heartbeat(heartbeat, lost_timeout), use_shm=shm,
             shm_retain=blobs.check_retain(shm_retain, "shm_retain"))
         self._start_timeout = _seconds(start_timeout, "start_timeout")
         self._call_timeout = check_timeout(call_timeout, "call_timeout")
