@@ -1817,3 +1817,72 @@ def test_interpreter_exit_lets_submitted_calls_finish(tmp_path):
             wait_processes_exited(pids)
         finally:
             _kill_left(pids)
+
+
+_CALLBACK_EXITS = """
+import os, sys, time
+close = sys.argv.pop() == "close"
+sys.path[:0] = sys.argv[1:]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, numpy as np, jaxcolo
+
+def nap_plus_one(x):
+    import time
+    time.sleep(0.3)
+    return x + 1
+
+ex = jaxcolo.ProcessExecutor(num_hosts=1)
+f = jaxcolo.colocated_python(nap_plus_one).specialize(
+    out_specs_fn=lambda x: x)
+x = jax.device_put(np.int32(7), jax.devices()[0])
+print("pids", *ex.worker_pids(), ex._socket_dir, flush=True)
+with jaxcolo.use_executor(ex):
+    futs = [f.submit(x) for _ in range(3)]
+for u in futs:
+    u.add_done_callback(lambda u: sys.exit(3))
+if close:  # the callbacks run inline in close(), failing the calls
+    try:
+        ex.close()
+    except SystemExit as e:
+        print("close raised SystemExit", e.code, flush=True)
+    print("failed", sum(isinstance(u.exception(), jaxcolo.ExecutorError)
+                        for u in futs), flush=True)
+else:
+    print("results", [int(u.result(30)) for u in futs], flush=True)
+    time.sleep(0.2)
+"""
+
+
+def test_a_done_callback_raising_system_exit_stops_nothing(tmp_path):
+    """sys.exit in a submitted call's done-callback skipped the bookkeeping
+    after it: interpreter exit then waited for that call for ever.  Run
+    inline by close() (failing the calls in flight), it cut close() short:
+    the other calls never failed, the workers stayed, and exit hung."""
+    for mode in ("run", "close"):
+        lines = _run_script(tmp_path, _CALLBACK_EXITS, mode).split("\n")
+        pids = [int(p) for p in lines[0].split()[1:-1]]
+        try:
+            if mode == "close":
+                assert "close raised SystemExit 3" in lines, lines
+                assert "failed 3" in lines, lines
+            else:
+                assert "results [8, 8, 8]" in lines, lines
+            wait_processes_exited(pids)
+            assert not os.path.exists(lines[0].split()[-1])
+        finally:
+            _kill_left(pids)
+
+
+def test_inline_lane_outlives_a_callback_raising_system_exit():
+    """InlineExecutor: sys.exit in a done-callback killed the lane's
+    thread with the lane marked running; its later calls never ran."""
+    import sys
+    nap = jaxcolo.colocated_python(
+        lambda x: (time.sleep(0.1), x + 1)[1]).specialize(
+            out_specs_fn=_identity)
+    x = put(np.int32(1), cpu_devices()[0])
+    with jaxcolo.InlineExecutor() as ex, jaxcolo.use_executor(ex):
+        u = nap.submit(x)
+        u.add_done_callback(lambda _: sys.exit(1))
+        assert int(u.result(10)) == 2
+        assert int(nap.submit(x).result(10)) == 2

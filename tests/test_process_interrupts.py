@@ -381,3 +381,61 @@ def test_installs_closed_first_opened_first_keep_the_users_handler():
         assert signal.getsignal(signal.SIGINT) is user
     finally:
         signal.signal(signal.SIGINT, original)
+
+
+_WHILE_REGISTERING = r"""
+import _thread, json, sys
+import jax, numpy as np, jaxcolo
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxcolo.process import hosts
+
+real = hosts.HostLink.ensure_registered
+armed = [False]
+
+def ensure_registered(self, program, deadline=None):
+    if armed[0] and program.id not in self.registered:
+        armed[0] = False
+        _thread.interrupt_main()  # Ctrl-C lands while registering
+    return real(self, program, deadline)
+
+hosts.HostLink.ensure_registered = ensure_registered
+
+@jaxcolo.colocated_python_class
+class Keeper:
+    def __init__(self):
+        self.n = 0
+    def bump(self, x):
+        self.n += 1
+        return x
+
+mesh = Mesh(np.array(jax.devices()), ("x",))
+x = jax.device_put(np.arange(8, dtype=np.float32), NamedSharding(mesh, P("x")))
+with jaxcolo.ProcessExecutor(num_hosts=2) as ex, jaxcolo.use_executor(ex):
+    k = Keeper()
+    k.bump(x)
+    f = jaxcolo.colocated_python(lambda v: v * 1).specialize(
+        out_specs_fn=lambda v: v)
+    armed[0] = True
+    try:
+        f(x)
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+    pending = len(ex._pending)
+    k.bump(x)  # its host was never lost
+    out = float(f(x).sum())
+    print(json.dumps(dict(interrupted=interrupted, pending=pending,
+                          lost=ex.stats()["lost"], out=out)))
+"""
+
+
+def test_ctrl_c_while_registering_a_program_loses_nothing():
+    """Ctrl-C while a call's program was being registered left the call's
+    entry pending: a multi-host call, none of which was sent, was taken
+    for one that reached some hosts -- they were lost and restarted, with
+    their instances (a single-host call's entry leaked)."""
+    out = subprocess.run([sys.executable, "-c", _WHILE_REGISTERING],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r == dict(interrupted=True, pending=0, lost=0, out=28.0), r

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import logging
 import threading
 import traceback
 from concurrent.futures import Future
@@ -120,6 +121,20 @@ class _Lane:
         self.queue = collections.deque()
         self.pending = 0      # items queued or running
         self.running = False  # a runner thread is draining the queue
+
+
+log = logging.getLogger("jaxcolo.executor")
+
+
+def _complete(setter, value) -> None:
+    """Complete a future; what its done-callbacks raise past the Future's
+    own handling (a BaseException: ``sys.exit`` in a callback) is logged,
+    as by a ThreadPoolExecutor's worker, not let kill the lane's thread
+    (the lane stayed marked running: its later calls never ran)."""
+    try:
+        setter(value)
+    except BaseException:  # noqa: BLE001
+        log.exception("a done-callback raised")
 
 
 class InlineExecutor(Executor):
@@ -442,9 +457,12 @@ class InlineExecutor(Executor):
             try:
                 if fut.set_running_or_notify_cancel():
                     try:
-                        fut.set_result(fn(*args))
+                        result = fn(*args)
                     except BaseException as e:  # delivered to the caller
-                        fut.set_exception(e)
+                        _complete(fut.set_exception, e)
+                    else:
+                        _complete(fut.set_result, result)
+                    result = None
             finally:
                 del args, program
                 with self._lock:

@@ -65,7 +65,7 @@ from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
 from jaxcolo.process.lane_order import LaneOrder
 from jaxcolo.process import launch, lifetime
-from jaxcolo.process.results import Call, Plan, executor_thread
+from jaxcolo.process.results import Call, FirstRaised, Plan, executor_thread
 from jaxcolo.process.sending import CallSending
 from jaxcolo.transport import blobs, interrupts
 
@@ -531,12 +531,13 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         if not closing:  # closed, or being closed on another thread
             lifetime.wait_released(self._owned)
             return
+        first = FirstRaised()  # a callback's sys.exit: after closing
         try:
             for call, h, link in pending.values():
-                call.fail(ExecutorError(
+                first.run(call.fail, ExecutorError(
                     f"ProcessExecutor closed while this call was in flight "
                     f"on {link.describe}"))
-            self._lane_order.close(ExecutorError(
+            first.run(self._lane_order.close, ExecutorError(
                 "ProcessExecutor closed while this call waited for its "
                 "thread's earlier calls on other hosts"))
             self._ready.wait(self._start_timeout)
@@ -554,4 +555,5 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
             release = getattr(self, "_release", None)
             if release is not None:
                 lifetime.detach(release, self._owned)
+        first.reraise()  # what a done-callback raised, once closed
 

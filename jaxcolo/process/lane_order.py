@@ -31,7 +31,7 @@ import threading
 from concurrent.futures import Future
 from typing import Callable
 
-from jaxcolo.process.results import executor_thread
+from jaxcolo.process.results import FirstRaised, executor_thread
 
 log = logging.getLogger("jaxcolo.executor")
 
@@ -152,13 +152,17 @@ class LaneOrder:
         with self._lock:
             calls, lane.deferred = list(lane.deferred), collections.deque()
             lane.pumping = False
+        first = FirstRaised()  # (a callback's sys.exit fails the rest too)
         for call, *_ in calls:
-            call.fail(error)
+            first.run(call.fail, error)
+        first.reraise()
 
     def close(self, error) -> None:
         """Fail the calls still deferred (and any deferred later)."""
         with self._lock:
             self._closed = error
             lanes = list(self._lanes.values())
+        first = FirstRaised()
         for lane in lanes:
-            self._fail_deferred(lane, error)
+            first.run(self._fail_deferred, lane, error)
+        first.reraise()

@@ -58,8 +58,35 @@ def _run_callback(fn, future) -> None:
 
 
 def _run_callbacks(callbacks, future) -> None:
+    first = FirstRaised()
     for fn in callbacks:
-        _run_callback(fn, future)
+        first.run(_run_callback, fn, future)
+    first.reraise()
+
+
+class FirstRaised:
+    """Runs steps that must all run although one may raise a
+    BaseException (a done-callback's ``sys.exit``; an Exception is logged
+    by the callback runner), then ``reraise()``-s the first: one callback
+    used to cut short the callbacks after it, the bookkeeping hooks
+    waiting for them (interpreter exit then waited forever), or close()."""
+
+    __slots__ = ("error",)
+
+    def __init__(self):
+        self.error = None
+
+    def run(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - raised by reraise()
+            if self.error is None:
+                self.error = e
+
+    def reraise(self) -> None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
 
 
 class CallFuture(Future):
@@ -135,15 +162,18 @@ class CallFuture(Future):
         self._run_all(callbacks)
 
     def _run_all(self, callbacks) -> None:
-        """The done-callbacks, then every after_callbacks function."""
-        _run_callbacks(callbacks, self)
+        """The done-callbacks, then every after_callbacks function (all of
+        them, whatever one raises)."""
+        first = FirstRaised()
+        first.run(_run_callbacks, callbacks, self)
         while True:
             with self._callbacks_lock:
                 after, self._after = self._after, []
                 if not after:
                     self._running = False
-                    return
-            _run_callbacks(after, self)
+                    break
+            first.run(_run_callbacks, after, self)
+        first.reraise()
 
 
 class Plan:

@@ -182,8 +182,13 @@ class CallSending:
             self._fail_pending(call_id, ExecutorError(
                 f"{link.describe}: could not send the call: {e}"))
         except BaseException as e:
-            if sent or not registered:  # sent: its reply comes; the
-                raise                       # call fails with e in _start
+            if sent:  # its reply comes; the call fails with e in _start
+                raise
+            if not registered:  # (Ctrl-C while registering its program)
+                call.send_broken = True  # none of it went out: no part
+                with self._lock:         # of it is pending (a stale
+                    self._pending.pop(call_id, None)  # entry read as a
+                raise  # part still running lost a multi-host call's hosts
             call.send_broken = True
             if link.is_lost:  # e.g. its segment pool closed under us
                 e = ExecutorError(f"{link.describe} was lost while the call "
