@@ -95,6 +95,15 @@ HISTORY: tuple[VersionInfo, ...] = (
         # worker which programs will not be called again (their functions
         # are gone), so it drops them (sessions at version >= 9 only).
         "message_forget",
+        # No schema change: symbolic text past the cost model of
+        # codec/parse_cost.py (an exponent over 16, more than 4 max/min
+        # nested, a product of more than 8 factors in a max/min, nested
+        # max/min over 128 characters, more than 512 terms; JAX writes such
+        # dims for reshapes and concatenations).  Readers from 4 until a fix
+        # in 8 refused it; writers before 9 stamped it readable by older
+        # readers, so readers read it whatever the header says (LENIENT),
+        # and `jaxcolo check` finds it in the body.
+        "symbolic_past_cost_model",
     )),
 )
 
@@ -103,7 +112,7 @@ FEATURE_SINCE: dict[str, int] = {
 
 # Features read even under a header declaring an older reader (earlier
 # writers stamped them so); readers note where they meet one (note_used).
-LENIENT = frozenset({"mesh_without_axes"})
+LENIENT = frozenset({"mesh_without_axes", "symbolic_past_cost_model"})
 
 _USED: contextvars.ContextVar = contextvars.ContextVar("jaxcolo_used",
                                                        default=None)

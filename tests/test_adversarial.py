@@ -435,7 +435,8 @@ def test_a_chain_of_rewrite_rules_is_refused_fast(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(scopes, "scope_constraints", lambda scope: evil)
         m.setattr(scopes, "trial_scope", lambda key, path: (None, 0))
-        m.setattr(scopes, "check_writable_constraints", lambda key, path: 0)
+        m.setattr(scopes, "check_writable_constraints",
+                  lambda key, path: (0, False))
         (c,) = export.symbolic_shape("c", constraints=("c >= 1",))
         data = jaxcolo.serialize(jax.ShapeDtypeStruct((c,), np.float32))
     t0 = time.perf_counter()
@@ -1594,3 +1595,67 @@ def test_custom_node_name_utf8_cannot_hold_names_its_tree_path():
                        r"_SurrogateNamed 'tests\.\\udc80named' cannot be "
                        r"written as UTF-8 .* - at \$\['a'\]\[1\]$"):
         jaxcolo.serialize({"a": [None, _SurrogateNamed(None)]})
+
+
+def _past_model_dims():
+    """Symbolic dims past the cost model, of the kinds JAX writes for
+    reshapes and concatenations: readers from 4 until a fix in 8 refused
+    them."""
+    a, = jax.export.symbolic_shape("a")
+    nested, = jax.export.symbolic_shape(
+        "max(n0, max(n1, max(n2, max(n3, max(n4, n5)))))")
+    return [a ** 17, nested]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_symbolic_text_past_the_model_needs_reader_9(which):
+    """a^17 or max nested 5 deep were written at versions 4..8 and stamped
+    readable by 1; readers from 4 until a fix in 8 refuse them."""
+    dim = _past_model_dims()[which]
+    sds = jax.ShapeDtypeStruct((dim, 3), np.float32)
+    data = jaxcolo.serialize({"x": sds})
+    assert jaxcolo.inspect(data)["min_reader_version"] == 9
+    assert jaxcolo.deserialize(data)["x"].shape == sds.shape
+    with pytest.raises(jaxcolo.EncodeError, match=r"symbolic_past_cost_model "
+                       r"needs schema version 9.* - at \$\['x'\]"):
+        jaxcolo.serialize({"x": sds}, version=8)
+    legacy = bytearray(data)
+    struct.pack_into("<HH", legacy, 4, 8, 1)  # as writer 8 wrote it
+    legacy = bytes(legacy)
+    assert jaxcolo.deserialize(legacy)["x"].shape == sds.shape
+    for n in (1, 4, 8):
+        ok, why = check_readable(legacy, n)
+        assert not ok and "uses symbolic_past_cost_model, which needs " \
+            "reader version >= 9" in why, why
+    assert check_readable(legacy, 9)[0]
+    assert jaxcolo.inspect(legacy)["readable_by_versions"] == \
+        list(range(9, jaxcolo.SCHEMA_VERSION + 1))
+    plain = jaxcolo.serialize(jax.ShapeDtypeStruct(
+        jax.export.symbolic_shape("a^16, max(b, c)"), np.float32))
+    assert jaxcolo.inspect(plain)["min_reader_version"] == 1
+
+
+def test_constraints_past_the_model_need_reader_9():
+    a, b = jax.export.symbolic_shape("a, b", constraints=("a^17 >= b",))
+    data = jaxcolo.serialize([jax.ShapeDtypeStruct((a, b), np.float32)])
+    assert jaxcolo.inspect(data)["min_reader_version"] == 9
+    with pytest.raises(jaxcolo.EncodeError, match=r"symbolic_past_cost_model "
+                       r"needs schema version 9.* - at \$\[0\]\.scope"):
+        jaxcolo.serialize([jax.ShapeDtypeStruct((a, b), np.float32)],
+                          version=8)
+
+
+def test_a_bundle_of_an_export_with_dims_past_the_model_needs_reader_9():
+    """The bundle's Exported (JAX's format, parsed by the same cost model)
+    was stamped readable by 2 (real v7 readers fail at
+    $.exported.unique_avals[1].shape)."""
+    from jaxcolo.export.bundle import bundle
+    a, = jax.export.symbolic_shape("a")
+    exp = jax.export.export(jax.jit(lambda x: jnp.zeros((x.shape[0] ** 17,))))(
+        jax.ShapeDtypeStruct((a,), np.float32))
+    data = bundle(exp)
+    assert jaxcolo.inspect(data)["min_reader_version"] == 9
+    legacy = bytearray(data)
+    struct.pack_into("<HH", legacy, 4, 8, 2)
+    ok, why = check_readable(bytes(legacy), 7)
+    assert not ok and "symbolic_past_cost_model" in why, why

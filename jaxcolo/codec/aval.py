@@ -29,7 +29,7 @@ from jaxcolo.codec.dtypes import intern_dtype
 from jaxcolo.codec.layout import build_layout, decode_layout, layout_item
 from jaxcolo.codec.sharding import intern_sharding
 from jaxcolo.codec.scopes import scope_entry
-from jaxcolo.codec.symbolic import bits_of_scope, empty_scope, \
+from jaxcolo.codec.symbolic import PAST_MODEL, bits_of_scope, empty_scope, \
     parse_shape, trial_parse_units, writable_text
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
@@ -108,6 +108,8 @@ def _shape_item(writer, shape, path):
             if (text, ref) not in writer.parsed:  # a reader parses it once
                 units, counted = writable_text(text, path,
                                                bits_of_scope(d.scope))
+                if counted:  # readers before its version refuse it
+                    writer.require(PAST_MODEL, path)
                 trial = writer.memo.get(("trial scope", id(d.scope)))
                 if trial is None and counted:  # parsed by a reader counted
                     trial = empty_scope()

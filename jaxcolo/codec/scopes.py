@@ -26,8 +26,8 @@ from jax._src.export import shape_poly
 import jaxcolo_fb as fb
 from jaxcolo import versions
 from jaxcolo.codec.core import register_table
-from jaxcolo.codec.symbolic import check_writable_constraints, make_scope, \
-    trial_scope
+from jaxcolo.codec.symbolic import PAST_MODEL, check_writable_constraints, \
+    make_scope, trial_scope
 from jaxcolo.errors import EncodeError
 from jaxcolo.fastbuilder import string_vector
 from jaxcolo.wire import layout
@@ -67,7 +67,9 @@ def scope_entry(writer, scope, path) -> int:
     if hit is not None:
         return hit
     key = scope_constraints(scope)
-    units = check_writable_constraints(key, path + ".scope")
+    units, past_model = check_writable_constraints(key, path + ".scope")
+    if past_model:
+        writer.require(PAST_MODEL, path + ".scope")
     if key:  # what JAX's reasoning about the constraints costs a reader
         trial, extra = trial_scope(key, path + ".scope")
         writer.memo[("trial scope", id(scope))] = trial

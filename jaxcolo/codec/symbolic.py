@@ -56,34 +56,67 @@ and only for constraints that take JAX itself seconds.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
 
 from jax._src.export import shape_poly
 
 from jaxcolo.codec.counted import OutOfBudget, run_counted
 from jaxcolo.codec.parse_cost import constraint_bits, parse_cost, scope_bits
+from jaxcolo import versions
 from jaxcolo.errors import EncodeError, PayloadError
+
+# Text past the cost model (an exponent over 16, more than 4 max/min
+# nested, a product of more than 8 factors in a max/min, nested max/min
+# over 128 characters, more than 512 terms): readers from version 4 until a
+# fix in version 8 refused it (versions.py).
+PAST_MODEL = "symbolic_past_cost_model"
+_PAST_MODEL_SEEN: contextvars.ContextVar = contextvars.ContextVar(
+    "jaxcolo_past_model", default=None)
+
+
+@contextlib.contextmanager
+def noting_past_model():
+    """Collect (into the list yielded) the paths of symbolic text past the
+    cost model that writers inside the block write (for writers of formats
+    with no feature list of their own: a bundle's Exported)."""
+    seen: list = []
+    token = _PAST_MODEL_SEEN.set(seen)
+    try:
+        yield seen
+    finally:
+        _PAST_MODEL_SEEN.reset(token)
+
 
 def writable_text(text: str, path: str,
                   name_bits: int = 0) -> tuple[int, bool]:
     """(the parse units a reader charges for ``text`` by the cost model,
-    whether it counts JAX's work on it too); EncodeError if no reader
-    parses it (``name_bits``: see :func:`scope_bits`)."""
+    whether it is past the model: a reader counts JAX's work on it, and
+    readers before PAST_MODEL's version refuse it); EncodeError if no
+    reader parses it (``name_bits``: see :func:`scope_bits`)."""
     cost = parse_cost(text, name_bits)
     if cost.refused is not None:
         raise EncodeError(f"symbolic expression {text[:200]!r} "
                           f"{cost.refused}", path)
+    if cost.counted:
+        seen = _PAST_MODEL_SEEN.get()
+        if seen is not None:
+            seen.append(path)
     return cost.units, cost.counted
 
 
-def check_writable_constraints(constraints, path: str) -> int:
-    """The parse units a reader charges for a scope's ``constraints`` by
+def check_writable_constraints(constraints, path: str) -> tuple[int, bool]:
+    """(the parse units a reader charges for a scope's ``constraints`` by
     the cost model (JAX's work building it is counted: the writer runs
-    that trial itself); EncodeError if no reader builds it."""
-    units = 0
+    that trial itself), whether one is past the model); EncodeError if no
+    reader builds it."""
+    units, past = 0, False
     for c, bits in zip(constraints, constraint_bits(constraints)):
-        units += writable_text(c, path, bits)[0]
-    return units
+        u, counted = writable_text(c, path, bits)
+        units += u
+        past |= counted
+    return units, past
 
 
 def _charge(buf, text: str, path: str, name_bits: int = 0) -> bool:
@@ -95,6 +128,8 @@ def _charge(buf, text: str, path: str, name_bits: int = 0) -> bool:
                            f"{cost.refused}", path)
     if buf is not None:
         buf.charge_parse(cost.units, path)
+    if cost.counted and versions.noting():
+        versions.note_used(PAST_MODEL)  # (read under any header)
     return cost.counted
 
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import jaxcolo_fb as fb
 from jaxcolo_fb import RootKind
 from jaxcolo import envelope, versions
-from jaxcolo.codec import spec_tree
+from jaxcolo.codec import spec_tree, symbolic
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.export.decode import deserialize as deserialize_exported
 from jaxcolo.export.detect import serialization_version
@@ -39,11 +39,15 @@ def bundle(exp, specs=None, *, vjp_order: int = 0, version: int | None = None,
            spec_version: int | None = None) -> bytes:
     """Seal ``exp`` (serialized by jaxcolo.export at ``version``) and
     ``specs`` (anything jaxcolo.serialize accepts, or None) together."""
-    exported = bytes(serialize_exported(exp, vjp_order, version))
+    with symbolic.noting_past_model() as past_model:
+        exported = bytes(serialize_exported(exp, vjp_order, version))
     spec_bytes = spec_tree.encode_spec_tree(specs, spec_version) \
         if specs is not None else None
     writer = versions.check_writable(None)
     min_reader = versions.require("export_bundle", writer)
+    if past_model:  # its readers parse the Exported's dims too
+        min_reader = max(min_reader, versions.require(
+            symbolic.PAST_MODEL, writer, f"$.exported{past_model[0][1:]}"))
     if spec_bytes is not None:  # a reader of the bundle reads the specs too
         min_reader = max(min_reader, envelope.nested_min_reader(
             spec_bytes, writer, "$.specs", EncodeError))
