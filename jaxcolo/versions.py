@@ -16,7 +16,7 @@ import operator
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 MIN_READABLE_VERSION = 1
 
 
@@ -105,6 +105,18 @@ HISTORY: tuple[VersionInfo, ...] = (
         # and `jaxcolo check` finds it in the body.
         "symbolic_past_cost_model",
     )),
+    VersionInfo(10, 1, (
+        # No schema change: readers rebuild a custom node with its
+        # registered from_children over its children and flatten it again,
+        # as jax.export does, so auxdata its unflatten normalises (JSON
+        # made a tuple a list) reads back equal.  Readers before 10 (and
+        # early 9s) made the node of the auxdata as read: a different tree,
+        # silently.  Needed only by nodes whose auxdata reads back
+        # different; writers before 10 stamped them readable by older
+        # readers, so readers read them whatever the header says (LENIENT),
+        # and `jaxcolo check` finds them in the body.
+        "custom_node_rebuilt",
+    )),
 )
 
 FEATURE_SINCE: dict[str, int] = {
@@ -112,7 +124,8 @@ FEATURE_SINCE: dict[str, int] = {
 
 # Features read even under a header declaring an older reader (earlier
 # writers stamped them so); readers note where they meet one (note_used).
-LENIENT = frozenset({"mesh_without_axes", "symbolic_past_cost_model"})
+LENIENT = frozenset({"mesh_without_axes", "symbolic_past_cost_model",
+                     "custom_node_rebuilt"})
 
 _USED: contextvars.ContextVar = contextvars.ContextVar("jaxcolo_used",
                                                        default=None)

@@ -1659,3 +1659,44 @@ def test_a_bundle_of_an_export_with_dims_past_the_model_needs_reader_9():
     struct.pack_into("<HH", legacy, 4, 8, 2)
     ok, why = check_readable(bytes(legacy), 7)
     assert not ok and "symbolic_past_cost_model" in why, why
+
+
+class _Normalised:
+    """Meta is a tuple; JSON reads it back as a list, the registered
+    unflatten makes it a tuple again."""
+
+    def __init__(self, children, meta):
+        self.children, self.meta = list(children), tuple(meta)
+
+
+jax.tree_util.register_pytree_node(
+    _Normalised, lambda n: (n.children, n.meta),
+    lambda meta, children: _Normalised(children, tuple(meta)))
+export.register_pytree_node_serialization(
+    _Normalised, serialized_name="tests.test_adversarial._Normalised",
+    serialize_auxdata=lambda meta: json.dumps(list(meta)).encode(),
+    deserialize_auxdata=json.loads)
+
+
+def test_a_custom_node_read_back_only_rebuilt_needs_reader_10():
+    """Readers before 10 made a custom node of its auxdata as read (here a
+    list, not the tuple its unflatten makes): a different tree, silently;
+    it was written at any version and stamped readable by 1."""
+    td = jax.tree_util.tree_structure(_Normalised([1, 2], ("a", 3)))
+    data = jaxcolo.serialize({"t": td})
+    assert jaxcolo.inspect(data)["min_reader_version"] == 10
+    assert jaxcolo.deserialize(data) == {"t": td}
+    with pytest.raises(jaxcolo.EncodeError, match=r"custom_node_rebuilt needs"
+                       r" schema version 10.* - at \$\['t'\]"):
+        jaxcolo.serialize({"t": td}, version=9)
+    legacy = bytearray(data)
+    struct.pack_into("<HH", legacy, 4, 9, 1)  # as writer 9 wrote it
+    legacy = bytes(legacy)
+    assert jaxcolo.deserialize(legacy) == {"t": td}
+    ok, why = check_readable(legacy, 9)
+    assert not ok and "uses custom_node_rebuilt, which needs reader " \
+        "version >= 10" in why, why
+    assert check_readable(legacy, 10)[0]
+    # auxdata that reads back as it was: any reader rebuilds it right
+    same = jax.tree_util.tree_structure(_Layer(1, {"k": "v"}))
+    assert jaxcolo.inspect(jaxcolo.serialize(same))["min_reader_version"] == 1

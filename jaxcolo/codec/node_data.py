@@ -21,6 +21,7 @@ from jaxcolo_fb import KeyKind
 from jaxcolo_fb import NodeKind
 from jaxcolo.codec.names import dataclass_fields, is_custom_node, \
     is_namedtuple, registered_factory, resolve_namedtuple
+from jaxcolo import versions
 from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.wire import layout
 
@@ -157,11 +158,18 @@ def rebuild_custom(nodetype, aux, how: CustomRebuild, children, path):
             f"custom node {how.name!r} rebuilt by its from_children is "
             f"{short_repr(td)}, not a {type_name(nodetype)} node of its "
             f"{len(children)} children", f"{path}.auxdata")
+    if versions.noting() and not _equal(data[1], aux):
+        versions.note_used(REBUILT)  # (read under any header)
     return td
 
 
+# Readers before version 10 made a custom node of its auxdata as read,
+# not rebuilt by its from_children (see versions.py).
+REBUILT = "custom_node_rebuilt"
+
+
 def check_auxdata_reads_back(t, name, aux, blob: bytes, td,
-                             path: str) -> None:
+                             path: str) -> bool:
     """EncodeError unless a reader (this process's registrations) rebuilds
     custom node ``td`` (its type ``t``, auxdata ``aux``) equal, auxdata
     compared with ==: a serializer that loses something (JSON makes a
@@ -169,10 +177,12 @@ def check_auxdata_reads_back(t, name, aux, blob: bytes, td,
     outputs, read back from the discovered specs, no longer matched on
     later calls.  Rebuilt as readers do (``rebuild_custom``); where
     ``from_children`` cannot build it over placeholders, the auxdata read
-    back is compared."""
+    back is compared.  True if it reads back equal only rebuilt (the
+    auxdata read back differs, its from_children normalises it): readers
+    before REBUILT's version get it wrong."""
     reg = jexport.deserialization_registry.get(name)
     if reg is None or reg[0] is not t:
-        return  # (another process's registrations decide)
+        return False  # (another process's registrations decide)
     try:
         back = reg[1](blob)
     except Exception as e:
@@ -189,9 +199,9 @@ def check_auxdata_reads_back(t, name, aux, blob: bytes, td,
     try:
         same = bool(data[1] == aux) if rebuilt is None else rebuilt == td
     except Exception:  # noqa: BLE001 - no usable __eq__: JAX's own
-        return         # treedef comparison cannot tell either
+        return False   # treedef comparison cannot tell either
     if same:
-        return
+        return rebuilt is not None and not _equal(back, aux)
     if not _equal(back, aux):
         raise EncodeError(
             f"auxdata of {t.__name__} ({name!r}) reads back as "

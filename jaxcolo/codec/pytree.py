@@ -25,8 +25,8 @@ from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
     found_by_name, is_namedtuple, plain_namedtuple, qualified, \
     registry_generation, still_found
-from jaxcolo.codec.node_data import check_auxdata_reads_back, node_spec, \
-    rebuild_custom, type_name
+from jaxcolo.codec.node_data import REBUILT, check_auxdata_reads_back, \
+    node_spec, rebuild_custom, type_name
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
@@ -231,9 +231,9 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
             raise EncodeError(
                 f"auxdata serializer of {t.__name__} returned "
                 f"{type(blob).__name__}, expected bytes", _path(where))
-        if not is_namedtuple(t):
-            check_auxdata_reads_back(t, name, aux, bytes(blob), td,
-                                     _path(where))
+        if not is_namedtuple(t) and check_auxdata_reads_back(
+                t, name, aux, bytes(blob), td, _path(where)):
+            out.features.add(REBUILT)  # (older readers get it wrong)
         out.kinds.append(NodeKind.custom)
         out.node_data.append(("custom", name, bytes(blob)))
         if is_namedtuple(t):  # rebuilt from pickle state (_make_custom_node)
