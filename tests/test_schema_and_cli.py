@@ -357,3 +357,25 @@ def test_messages_refuse_what_their_nested_payloads_refuse():
     ok_specs = messages.encode(Message(MessageKind.result, call_id=1,
                                        specs=jaxcolo.serialize([sds])))
     assert jaxcolo.inspect(ok_specs)["specs"]["num_leaves"] == 1
+
+
+@needs_flatc
+@pytest.mark.parametrize("old,new", [
+    ("  uses_global_constants: bool;", "  uses_global_constants: bool = true;"),
+    ("  nr_devices_short: short;", "  nr_devices_short: int;"),
+    ("  calling_convention_version: uint16;",
+     "  calling_convention_version: uint32;"),
+    ("  num_cores: uint32 = null;", "  num_cores: uint32;"),
+    ("enum DType : byte {", "enum DType : ubyte {"),
+])
+def test_jax_format_copy_keeps_jax_types_and_defaults(tmp_path, old, new):
+    """Our copy of JAX's Exported schema was compared with JAX by names and
+    slots only: a changed type or default passed, and jaxcolo then wrote
+    what JAX reads differently (uses_global_constants=True read as
+    False)."""
+    assert check_schema.compare_writers_with_jax() == []
+    d = _schema_variant(tmp_path, "jax_export/export.fbs", old, new)
+    module = check_schema.generated_module(os.path.join(d, "jax_export"),
+                                           "export.fbs")
+    problems = check_schema.compare_writers_with_jax(module)
+    assert problems and all("JAX's writes" in p for p in problems), problems

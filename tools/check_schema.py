@@ -54,6 +54,12 @@ def names_and_numbers(schema_dir: str, root_file: str = ROOT_FILE
                       ) -> tuple[dict, dict]:
     """({enum: {name: value}}, {table: {field: slot}}) of the schema whose
     root file is in ``schema_dir``, from flatc's Python output."""
+    return module_names_and_numbers(generated_module(schema_dir, root_file))
+
+
+def generated_module(schema_dir: str, root_file: str = ROOT_FILE):
+    """flatc's Python output for the schema whose root file is in
+    ``schema_dir``, imported (as one module)."""
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([flatc(), "--python", "--gen-onefile", "--gen-all",
                         "-o", tmp, os.path.join(schema_dir, root_file)],
@@ -63,7 +69,7 @@ def names_and_numbers(schema_dir: str, root_file: str = ROOT_FILE
             f"_schema_{abs(hash(schema_dir))}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    return module_names_and_numbers(module)
+    return module
 
 
 def module_names_and_numbers(module) -> tuple[dict, dict]:
@@ -185,6 +191,51 @@ def compare_with_jax() -> list[str]:
             out += _changes(kind, owner, fields, mine.get(owner),
                             lambda name, number: f"{name} = {number}")
     return out
+
+
+def compare_writers_with_jax(ours=None) -> list[str]:
+    """Problems: a field of schema/jax_export/export.fbs whose type, slot
+    or default differ from JAX's, read off the two generated modules'
+    writers (``<Table>Add<Field>`` and ``<Table>Start<Field>Vector``: flatc
+    writes a field's slot, scalar type and default, or a vector's element
+    size and alignment, into each one's single statement).  A type or
+    default changed in our copy passed the name and slot comparison, and
+    then jaxcolo wrote what JAX reads differently.  ``ours``: the module
+    to compare (default: the generated package jaxcolo uses)."""
+    if ours is None:
+        import jaxcolo_jax_export_fb as ours
+    from jax._src.export import serialization_generated as theirs
+    out = []
+    for name, fn in sorted(vars(theirs).items()):
+        if not (callable(fn) and re.fullmatch(r"[A-Z]\w*(Add\w+|Start\w+"
+                                              r"Vector)", name)):
+            continue
+        mine = getattr(ours, name, None)
+        if mine is None:
+            continue  # (a missing field is reported by compare_with_jax)
+        want, got = _writer_statement(fn), _writer_statement(mine)
+        if want != got:
+            out.append(f"{name}: JAX's writes {want}, ours {got}")
+    return out
+
+
+def _writer_statement(fn) -> str:
+    """What a flatc-generated writer function does, from its bytecode: the
+    attributes it calls and the constants it passes (slot, default,
+    element size) in order, its parameters by position (generators may
+    spell their names differently)."""
+    import dis
+    params = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+    parts = []
+    for ins in dis.get_instructions(fn):
+        if ins.opname == "LOAD_CONST":
+            parts.append(repr(ins.argval))
+        elif ins.opname in ("LOAD_FAST", "LOAD_DEREF"):
+            parts.append(f"arg{params.index(ins.argval)}"
+                         if ins.argval in params else ins.argval)
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL"):
+            parts.append(str(ins.argval))
+    return " ".join(parts)
 
 
 def _changes(kind, owner, old: dict, now: dict | None, show,
@@ -342,7 +393,7 @@ def main() -> int:
     for problem in declarations(SCHEMA_DIR)[2] + history_problems():
         print(problem)
         failures += 1
-    jax_problems = compare_with_jax()
+    jax_problems = compare_with_jax() + compare_writers_with_jax()
     print("schema/jax_export/export.fbs vs the installed JAX's generated "
           f"code: {'ok' if not jax_problems else 'DIFFERENT'}")
     for problem in jax_problems:
