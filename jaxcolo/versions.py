@@ -56,6 +56,13 @@ HISTORY: tuple[VersionInfo, ...] = (
         # No schema change: readers before 5 fail on OpShardings with
         # last_tile_dims (subgroup types, e.g. shard_map's manual subgroups).
         "hlo_last_tile_dims",
+        # No schema change: an AbstractDevice without platform (writers 1..3
+        # left an empty platform out).  Readers of 4 read it as None, not
+        # "" (a different mesh); readers from 5 read "", as 1..3 did.
+        # Only legacy payloads hold it (writers from 4 write the platform),
+        # so readers read it under any header (LENIENT), and `jaxcolo
+        # check` finds it in the body.
+        "abstract_device_without_platform",
     )),
     VersionInfo(6, 1, (
         # SymbolicScope.token.  Needed (min reader 6) only by payloads with
@@ -125,7 +132,8 @@ FEATURE_SINCE: dict[str, int] = {
 # Features read even under a header declaring an older reader (earlier
 # writers stamped them so); readers note where they meet one (note_used).
 LENIENT = frozenset({"mesh_without_axes", "symbolic_past_cost_model",
-                     "custom_node_rebuilt"})
+                     "custom_node_rebuilt",
+                     "abstract_device_without_platform"})
 
 _USED: contextvars.ContextVar = contextvars.ContextVar("jaxcolo_used",
                                                        default=None)

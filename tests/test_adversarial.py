@@ -1700,3 +1700,24 @@ def test_a_custom_node_read_back_only_rebuilt_needs_reader_10():
     # auxdata that reads back as it was: any reader rebuilds it right
     same = jax.tree_util.tree_structure(_Layer(1, {"k": "v"}))
     assert jaxcolo.inspect(jaxcolo.serialize(same))["min_reader_version"] == 1
+
+
+def test_check_finds_an_abstract_device_without_platform(monkeypatch):
+    """Writers 1..3 left an empty platform out; readers of 4 read that as
+    None (a different mesh), yet check called it readable by them."""
+    import jaxcolo_fb
+    from jax._src import mesh as jmesh
+    am = jax.sharding.AbstractMesh(
+        (2,), ("x",), abstract_device=jmesh.AbstractDevice("cpu", None, ""))
+    with monkeypatch.context() as m:  # write it as writers 1..3 did
+        m.setattr(jaxcolo_fb, "AbstractDeviceAddPlatform", lambda b, p: None)
+        legacy = bytearray(jaxcolo.serialize([am], version=3))
+    struct.pack_into("<HH", legacy, 4, 3, 1)
+    legacy = bytes(legacy)
+    assert jaxcolo.deserialize(legacy) == [am]
+    assert not check_readable(legacy, 4)[0]
+    assert check_readable(legacy, 5)[0]
+    assert jaxcolo.inspect(legacy)["readable_by_versions"] == \
+        list(range(5, jaxcolo.SCHEMA_VERSION + 1))
+    plain = jaxcolo.serialize([am])  # writers from 4 write the platform
+    assert check_readable(plain, 4)[0] and check_readable(plain, 1)[0]

@@ -307,8 +307,11 @@ def _decode_abstract_device(t, path):
     if kind is None:
         raise PayloadError("device_kind missing", f"{path}.device_kind")
     num_cores = t.scalar(LD.num_cores, "i32", None, path, "num_cores")
-    # Absent means "" (version-1 writers left an empty platform out).
-    platform = t.string(LD.platform, path, "platform") or ""
+    # Absent means "" (writers 1..3 left an empty platform out).
+    platform = t.string(LD.platform, path, "platform")
+    if platform is None:
+        platform = ""
+        versions.note_used("abstract_device_without_platform")
     return jmesh.AbstractDevice(kind, num_cores, platform)
 
 
