@@ -16,7 +16,7 @@ import operator
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 MIN_READABLE_VERSION = 1
 
 
@@ -123,6 +123,14 @@ HISTORY: tuple[VersionInfo, ...] = (
         # readers, so readers read them whatever the header says (LENIENT),
         # and `jaxcolo check` finds them in the body.
         "custom_node_rebuilt",
+    )),
+    VersionInfo(11, 1, (
+        # ExportBundle.exported_avals: the Exported's avals as a spec
+        # payload, with what JAX's format drops (its scope's constraints,
+        # weak types); the reader puts them back.  Readers before 11 skip
+        # the field (reading the Exported as before), so it raises no
+        # bundle's min reader: writers never require it.
+        "export_bundle_exported_avals",
     )),
 )
 

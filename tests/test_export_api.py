@@ -650,3 +650,59 @@ def test_hlo_shardings_the_reader_refuses_are_not_written():
     data = je.serialize(exp)
     assert je.deserialize(data).in_shardings_hlo == \
         jax.export.deserialize(data).in_shardings_hlo
+
+
+def _constrained_export():
+    a, b = jax.export.symbolic_shape("a, b", constraints=("a >= b",))
+
+    def f(x, y, w):
+        return x.sum(0) + y[:, 0].sum() * w, x * 2.0
+    exp = jax.export.export(jax.jit(f))(
+        jax.ShapeDtypeStruct((a, b), np.float32),
+        jax.ShapeDtypeStruct((b, 2), np.float32), 1.0)
+    return exp, a, b
+
+
+def test_a_bundle_keeps_what_jax_format_drops():
+    """JAX's format drops the constraints of an Exported's symbolic scope
+    and its avals' weak types (jax.export too): a bundled Exported came
+    back without them, in a scope of its own beside the bundled specs'."""
+    exp, a, b = _constrained_export()
+    specs = {"x": jax.ShapeDtypeStruct((a, b), np.float32)}
+    data = je.bundle(exp, specs)
+    assert jaxcolo.inspect(data)["min_reader_version"] == 2  # (skipped by
+    back = je.unbundle(data)                                  # older readers)
+    got = back.exported
+    x0, x1 = got.in_avals[0].shape
+    assert x0 >= x1  # inconclusive without the constraint
+    assert [v.weak_type for v in got.in_avals] == \
+        [v.weak_type for v in exp.in_avals] == [False, False, True]
+    assert back.specs["x"].shape[0] - x0 == 0  # one scope with the specs
+    plain = je.deserialize(exp.serialize())
+    with pytest.raises(Exception, match="Symbolic dimension comparison"):
+        plain.in_avals[0].shape[0] >= plain.in_avals[0].shape[1]
+    x, y = np.ones((5, 3), np.float32), np.ones((3, 2), np.float32)
+    for a_, b_ in zip(got.call(x, y, 2.0), exp.call(x, y, 2.0)):
+        np.testing.assert_array_equal(a_, b_)
+    assert je.open_bundle(data)[0] == exp.serialize()  # JAX's own bytes
+    # nothing dropped: the field is left out, the bundle is as before
+    simple = jax.export.export(jax.jit(lambda v: v + 1))(
+        jax.ShapeDtypeStruct((3,), np.float32))
+    assert "exported_avals" not in jaxcolo.inspect(je.bundle(simple))
+
+
+def test_exported_avals_that_do_not_match_are_a_payload_error(monkeypatch):
+    import importlib
+    bundle_mod = importlib.import_module("jaxcolo.export.bundle")
+    exp, a, b = _constrained_export()
+    other = jaxcolo.serialize(((jax.core.ShapedArray((a, 3), np.float32),
+                                jax.core.ShapedArray((b, 2), np.float32),
+                                jax.core.ShapedArray((), np.float32, True)),
+                               tuple(exp.out_avals)))
+    monkeypatch.setattr(bundle_mod, "_exported_avals", lambda e, w: other)
+    data = je.bundle(exp)
+    with pytest.raises(jaxcolo.PayloadError, match=r"exported_avals are not "
+                       r"the Exported's avals - at \$\.exported_avals$"):
+        je.unbundle(data)
+    from jaxcolo.checking import check_readable
+    assert not check_readable(data, jaxcolo.SCHEMA_VERSION)[0]

@@ -3782,8 +3782,39 @@ class ExportBundle(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         return o == 0
 
+    # (since v11) The Exported's (in_avals, out_avals) as a jaxcolo spec
+    # payload, holding what JAX's format drops: its symbolic scope's
+    # constraints and weak types.  Absent when there are neither; readers
+    # before v11 ignore it (and read the Exported without them, as before).
+    # ExportBundle
+    def ExportedAvals(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
+        return 0
+
+    # ExportBundle
+    def ExportedAvalsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint8Flags, o)
+        return 0
+
+    # ExportBundle
+    def ExportedAvalsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # ExportBundle
+    def ExportedAvalsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
 def ExportBundleStart(builder):
-    builder.StartObject(3)
+    builder.StartObject(4)
 
 def ExportBundleAddExported(builder, exported):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(exported), 0)
@@ -3798,6 +3829,12 @@ def ExportBundleAddSpecs(builder, specs):
     builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(specs), 0)
 
 def ExportBundleStartSpecsVector(builder, numElems):
+    return builder.StartVector(1, numElems, 1)
+
+def ExportBundleAddExportedAvals(builder, exportedAvals):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(exportedAvals), 0)
+
+def ExportBundleStartExportedAvalsVector(builder, numElems):
     return builder.StartVector(1, numElems, 1)
 
 def ExportBundleEnd(builder):

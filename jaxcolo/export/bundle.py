@@ -9,11 +9,15 @@ under the jaxcolo envelope (versioned, checksummed), root kind
 The Exported is stored in JAX's own format (at ``version``, default what jax
 0.10.2 writes), so it can be extracted and handed to any JAX release that
 reads that version.  The envelope's CRC covers it: unlike a bare JAX payload,
-bit flips inside the StableHLO blob are detected.
+bit flips inside the StableHLO blob are detected.  What JAX's format drops
+of the Exported's avals (their symbolic scope's constraints, weak types)
+travels beside it as a spec payload (``exported_avals``, since v11) and is
+put back by ``unbundle``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jaxcolo_fb as fb
@@ -28,6 +32,10 @@ from jaxcolo.fastbuilder import FastBuilder
 from jaxcolo.wire import Buffer, layout
 
 L = layout(fb, "ExportBundle")
+
+
+# The field holding what JAX's format drops of the Exported's avals.
+AVALS = "export_bundle_exported_avals"
 
 
 class ExportBundle(NamedTuple):
@@ -51,7 +59,12 @@ def bundle(exp, specs=None, *, vjp_order: int = 0, version: int | None = None,
     if spec_bytes is not None:  # a reader of the bundle reads the specs too
         min_reader = max(min_reader, envelope.nested_min_reader(
             spec_bytes, writer, "$.specs", EncodeError))
+    avals = _exported_avals(exp, writer)
+    if avals is not None:  # (readers before 11 skip it: no feature needed)
+        min_reader = max(min_reader, envelope.nested_min_reader(
+            avals, writer, "$.exported_avals", EncodeError))
     builder = FastBuilder()
+    avals_off = builder.CreateByteVector(avals) if avals is not None else 0
     specs_off = builder.CreateByteVector(spec_bytes) \
         if spec_bytes is not None else 0
     exp_off = builder.CreateByteVector(exported)
@@ -61,14 +74,67 @@ def bundle(exp, specs=None, *, vjp_order: int = 0, version: int | None = None,
                                       serialization_version(exported))
     if specs_off:
         fb.ExportBundleAddSpecs(builder, specs_off)
+    if avals_off:
+        fb.ExportBundleAddExportedAvals(builder, avals_off)
     builder.Finish(fb.ExportBundleEnd(builder))
     return envelope.seal(builder.Output(), RootKind.export_bundle, writer,
                          min_reader)
 
 
+def _exported_avals(exp, writer: int) -> bytes | None:
+    """The spec payload of ``exp``'s (in_avals, out_avals), if they hold
+    what JAX's format drops (constraints of their symbolic scope, weak
+    types) and ``writer`` has the field; else None."""
+    if writer < versions.FEATURE_SINCE[AVALS]:
+        return None
+    avals = (tuple(exp.in_avals), tuple(exp.out_avals))
+    if not any(_lost_by_jax_format(a) for side in avals for a in side):
+        return None
+    try:
+        return spec_tree.encode_spec_tree(avals, writer)
+    except EncodeError as e:
+        raise EncodeError(e.reason, "$.exported_avals" + e.path[1:]) \
+            from None
+
+
+def _lost_by_jax_format(aval) -> bool:
+    if getattr(aval, "weak_type", False):
+        return True
+    for d in getattr(aval, "shape", ()):
+        scope = getattr(d, "scope", None)
+        if scope is not None and scope._explicit_constraints:
+            return True
+    return False
+
+
+def _restore_avals(exp, avals, path: str):
+    """``exp`` with the avals of payload ``avals`` (constraints and weak
+    types JAX's format dropped); PayloadError unless they are ``exp``'s
+    avals in all JAX's format holds."""
+    got = spec_tree.decode_spec_tree(avals)
+    ok = (type(got) is tuple and len(got) == 2 and
+          all(type(side) is tuple for side in got))
+    if ok:
+        for side, have in zip(got, (exp.in_avals, exp.out_avals)):
+            ok = ok and len(side) == len(have) and all(
+                type(a) is type(b) and str(a.shape) == str(b.shape) and
+                a.dtype == b.dtype and a.memory_space == b.memory_space and
+                a.sharding == b.sharding for a, b in zip(side, have))
+    if not ok:
+        raise PayloadError("exported_avals are not the Exported's avals",
+                           path)
+    return dataclasses.replace(exp, in_avals=got[0], out_avals=got[1])
+
+
 @envelope.shares_inflation
 def open_bundle(data, reader_version=None):
     """(exported bytes, spec payload bytes or None), envelope checked."""
+    return _open_bundle(data, reader_version)[:2]
+
+
+def _open_bundle(data, reader_version=None):
+    """(exported bytes, spec payload or None, exported_avals payload or
+    None), envelope checked."""
     header = envelope.read_header(data)
     envelope.check_readable(header, reader_version)
     if header.root_kind != RootKind.export_bundle:
@@ -82,15 +148,21 @@ def open_bundle(data, reader_version=None):
     specs = root.bytes(L.specs, "$", "specs")
     if specs is not None:
         envelope.check_nested_declared(specs, header, "$.specs")
-    return exported, specs
+    avals = root.bytes(L.exported_avals, "$", "exported_avals")
+    if avals is not None:
+        envelope.check_nested_declared(avals, header, "$.exported_avals")
+    return exported, specs, avals
 
 
 @envelope.shares_inflation
 def unbundle(data, device_resolver=None) -> ExportBundle:
     """Decode a bundle.  PayloadError (with the inner field path, e.g.
     ``$.exported.in_tree``) for anything malformed."""
-    exported, specs = open_bundle(data)
+    exported, specs, avals = _open_bundle(data)
     exp = _nested(deserialize_exported, exported, "$.exported")
+    if avals is not None:
+        exp = _nested(lambda d: _restore_avals(exp, d, "$"), avals,
+                      "$.exported_avals")
     spec_obj = None
     if specs is not None:
         spec_obj = _nested(lambda d: spec_tree.decode_spec_tree(
@@ -101,12 +173,16 @@ def unbundle(data, device_resolver=None) -> ExportBundle:
 def inspect_bundle(data, header) -> dict:
     from jaxcolo.export.inspection import inspect_jax_export
     from jaxcolo.inspection import inspect_nested_spec_tree
-    exported, specs = open_bundle(data, header.min_reader_version)
+    exported, specs, avals = _open_bundle(data, header.min_reader_version)
     out = {"exported": _nested(lambda d: inspect_jax_export(d, nested=True),
                                exported, "$.exported")}
     if specs is not None:
         out["specs"] = _nested(lambda d: inspect_nested_spec_tree(d)[0],
                                specs, "$.specs")
+    if avals is not None:
+        out["exported_avals"] = _nested(
+            lambda d: inspect_nested_spec_tree(d)[0], avals,
+            "$.exported_avals")
     return out
 
 
