@@ -86,6 +86,33 @@ def test_an_equal_function_made_again_runs(executor):
     assert float(make()(x, x)) == 6
 
 
+def _counter():
+    state = {"n": 0}  # each closure its own
+
+    def count(x):
+        state["n"] += 1
+        return jax.device_put(np.float32(state["n"]), x.sharding)
+    return jaxcolo.colocated_python(count).specialize(out_specs_fn=lambda x: x)
+
+
+def test_an_equal_function_made_after_one_died_starts_afresh(executor):
+    """A function equal (byte for byte) to one dropped before went on with
+    the dead one's loaded body and state ([4, 5, 6] where a new counter
+    counts [1, 2, 3]), also after jax.clear_caches(): the death was counted
+    only after the new one was held -- unless some other call came between.
+    """
+    x = put(np.float32(0), cpu_devices()[0])
+    f = _counter()
+    assert [float(f(x)) for _ in range(3)] == [1, 2, 3]
+    del f
+    gc.collect()
+    g = _counter()
+    assert [float(g(x)) for _ in range(3)] == [1, 2, 3]
+    jax.clear_caches()  # g specialises anew: a new program
+    gc.collect()
+    assert [float(g(x)) for _ in range(3)] == [1, 2, 3]
+
+
 def test_forgetting_races_with_equal_functions_made_again():
     """Threads each make, call and drop equal functions (one program id)
     while others' drops forget it: no call may find its program forgotten

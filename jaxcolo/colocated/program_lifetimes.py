@@ -9,7 +9,8 @@ dropped, or ``jax.clear_caches()`` dropped its specialisations -- nothing
 can call that program again, and each executor forgets it at its next call.
 Payloads are content-addressed, so two functions may hold the same id: it
 is forgotten when the last one goes, and an id that comes back (an equal
-function made later) is simply registered again.
+function made later) is registered again, afresh (its body loaded anew:
+what the dead one's body captured and changed is not carried over).
 
 :func:`hold` counts a ProgramRef while it lives.  Its finalizer only
 appends the id to a queue (it may run in any thread, at any allocation,
@@ -31,8 +32,13 @@ _SUBSCRIBERS: "weakref.WeakSet[Subscription]" = weakref.WeakSet()
 
 
 def hold(ref):
-    """Count ``ref`` (a ProgramRef) until it is collected; returns it."""
+    """Count ``ref`` (a ProgramRef) until it is collected; returns it.
+    Deaths queued before are counted first: an equal function made after
+    the last one of its id died is a new program to the executors (they
+    forget the dead one's, its loaded body and state with it), never the
+    dead one's continued."""
     with _LOCK:
+        _count_deaths()
         _LIVE[ref.id] = _LIVE.get(ref.id, 0) + 1
     weakref.finalize(ref, _DIED.append, ref.id)
     return ref
@@ -80,19 +86,15 @@ class Subscription:
         return bool(_DIED or self._gone)
 
     def take(self, apply=None) -> list:
-        """The ids to forget now: no ref of them is alive (ids alive again
-        are left out).  ``apply(ids)``, if given, runs under the lock, so a
-        ProgramRef made meanwhile is counted either before the decision
-        (its id is kept) or after ``apply`` (it sees the id forgotten)."""
+        """The ids to forget now: every ref of them died since this
+        executor noted them -- also those made again since (what it keeps
+        is the dead ones': an equal function made later starts afresh, as
+        JAX's does; it is registered again).  ``apply(ids)``, if given,
+        runs under the lock."""
         with _LOCK:
             _count_deaths()
-            ids = []
-            while self._gone:
-                pid = self._gone.popleft()
-                if pid not in _LIVE:
-                    ids.append(pid)
-                else:  # made again meanwhile: still kept
-                    self._known.add(pid)
+            ids = list(self._gone)
+            self._gone.clear()
             if ids and apply is not None:
                 apply(ids)
         return ids
