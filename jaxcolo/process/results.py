@@ -67,7 +67,8 @@ def _run_callbacks(callbacks, future) -> None:
 class FirstRaised:
     """Runs steps that must all run although one may raise a
     BaseException (a done-callback's ``sys.exit``; an Exception is logged
-    by the callback runner), then ``reraise()``-s the first: one callback
+    by the callback runner; Ctrl-C is raised at once), then ``reraise()``-s
+    the first: one callback
     used to cut short the callbacks after it, the bookkeeping hooks
     waiting for them (interpreter exit then waited forever), or close()."""
 
@@ -79,6 +80,8 @@ class FirstRaised:
     def run(self, fn, *args) -> None:
         try:
             fn(*args)
+        except KeyboardInterrupt:  # Ctrl-C stops what runs now, as asked
+            raise                  # (not after a close's slow shutdown)
         except BaseException as e:  # noqa: BLE001 - raised by reraise()
             if self.error is None:
                 self.error = e
