@@ -87,6 +87,24 @@ def raise_with_cause(x):
         raise Coded(3, where="the lookup") from e
 
 
+class MissingKey(Exception):
+    """An exception whose __init__ formats its one argument."""
+
+    def __init__(self, key):
+        super().__init__(f"missing config key {key!r}")
+        self.key = key
+
+
+class NeedsLr:
+    """A class whose __init__ raises MissingKey."""
+
+    def __init__(self):
+        raise MissingKey("lr")
+
+    def step(self, x):
+        return x
+
+
 class Late:
     """A pytree node type registered only when register_late() runs."""
 

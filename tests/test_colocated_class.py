@@ -381,6 +381,20 @@ def test_init_errors_reach_the_caller(executor):
         b.f(put(1, cpu_devices()[0]))
 
 
+def test_init_errors_keep_their_message(executor):
+    """An __init__ error was copied for each call by calling its class's
+    __init__ with its args again: one formatting its argument made
+    'missing config key "missing config key 'lr'"'."""
+    from tests import colocated_types as ct
+    model = jaxcolo.colocated_python_class(ct.NeedsLr)()
+    for _ in range(2):
+        with pytest.raises(ct.MissingKey) as info:
+            model.step(put(1, cpu_devices()[0]))
+        assert str(info.value) == "missing config key 'lr'"
+        assert info.value.args == ("missing config key 'lr'",)
+        assert info.value.key == "lr"
+
+
 def test_destroyed_instance_ids_are_remembered_within_a_bound(executor):
     """Executors remembered every destroyed instance id for their life (a
     set growing by one per instance made and dropped in a loop); they keep

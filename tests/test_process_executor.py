@@ -1886,3 +1886,25 @@ def test_inline_lane_outlives_a_callback_raising_system_exit():
         u.add_done_callback(lambda _: sys.exit(1))
         assert int(u.result(10)) == 2
         assert int(nap.submit(x).result(10)) == 2
+
+
+def test_inline_close_outlives_a_callback_raising_system_exit():
+    """InlineExecutor.close() failed the queued calls inline, under its
+    lock: sys.exit in one's callback cut close() short, and the calls
+    queued behind it then ran, after the close."""
+    import sys
+    nap = jaxcolo.colocated_python(
+        lambda x: (time.sleep(0.5), x + 1)[1]).specialize(
+            out_specs_fn=_identity)
+    x = put(np.int32(1), cpu_devices()[0])
+    ex = jaxcolo.InlineExecutor()
+    with jaxcolo.use_executor(ex):
+        futs = [nap.submit(x) for _ in range(4)]  # one runs, three queue
+    futs[1].add_done_callback(lambda _: sys.exit(3))
+    time.sleep(0.1)
+    with pytest.raises(SystemExit):
+        ex.close()
+    assert int(futs[0].result(10)) == 2
+    for u in futs[1:]:
+        with pytest.raises(jaxcolo.ExecutorError, match="closed before"):
+            u.result(10)

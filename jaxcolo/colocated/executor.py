@@ -72,6 +72,34 @@ _thread_lane = threading.local()
 _new_lane = itertools.count(1).__next__
 
 
+class FirstRaised:
+    """Runs steps that must all run although one may raise a
+    BaseException (a done-callback's ``sys.exit``; an Exception is logged
+    by the callback runner; Ctrl-C is raised at once), then ``reraise()``-s
+    the first: one callback
+    used to cut short the callbacks after it, the bookkeeping hooks
+    waiting for them (interpreter exit then waited forever), or close()."""
+
+    __slots__ = ("error",)
+
+    def __init__(self):
+        self.error = None
+
+    def run(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except KeyboardInterrupt:  # Ctrl-C stops what runs now, as asked
+            raise                  # (not after a close's slow shutdown)
+        except BaseException as e:  # noqa: BLE001 - raised by reraise()
+            if self.error is None:
+                self.error = e
+
+    def reraise(self) -> None:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+
 def current_lane() -> int:
     """The calling thread's lane: unique for the life of the process.  (A
     thread id is reused once its thread ends, which would queue a new

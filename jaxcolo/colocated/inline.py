@@ -30,7 +30,7 @@ from jaxcolo.codec import spec_tree
 from jaxcolo.codec.mesh import make_resolver
 from jaxcolo.colocated import program_lifetimes, specs as specs_mod
 from jaxcolo.colocated.body import loads_body
-from jaxcolo.colocated.executor import Executor
+from jaxcolo.colocated.executor import Executor, FirstRaised
 from jaxcolo.colocated.program import decode_program
 from jaxcolo.colocated.recent import RecentSet
 from jaxcolo.errors import ExecutorError, PayloadError
@@ -102,9 +102,12 @@ class _Instance:
         its callers' frames to the exception: the stored one would keep
         them)."""
         e = self.error
-        try:
-            fresh = copy.copy(e)
-        except Exception:  # noqa: BLE001 - an __init__ wanting other args
+        try:  # (not copy.copy: that calls __init__(*args) again, which an
+            cls = type(e)  # __init__ formatting its argument garbled)
+            fresh = cls.__new__(cls, *e.args)
+            fresh.args = e.args
+            fresh.__dict__.update(getattr(e, "__dict__", {}))
+        except Exception:  # noqa: BLE001 - a __new__ wanting other args
             return e.with_traceback(None)  # (keeps one call's frames)
         fresh.__cause__ = e.__cause__
         fresh.__suppress_context__ = e.__suppress_context__
@@ -124,6 +127,12 @@ class _Lane:
 
 
 log = logging.getLogger("jaxcolo.executor")
+
+
+def _fail_unrun(fut) -> None:
+    if fut.set_running_or_notify_cancel():
+        fut.set_exception(ExecutorError(
+            "InlineExecutor closed before this call ran"))
 
 
 def _complete(setter, value) -> None:
@@ -225,15 +234,13 @@ class InlineExecutor(Executor):
         self._destroy(instance_id)
 
     def close(self) -> None:
+        queued = []
         with self._lock:
             self._closed = True
             for ln in self._lanes.values():
                 while ln.queue:
-                    fut = ln.queue.popleft()[0]
+                    queued.append(ln.queue.popleft()[0])
                     ln.pending -= 1
-                    if fut.set_running_or_notify_cancel():
-                        fut.set_exception(ExecutorError(
-                            "InlineExecutor closed before this call ran"))
             self._destroy_after.clear()
             instances, self._instances = self._instances, {}
             self._destroyed.update(instances)
@@ -242,6 +249,12 @@ class InlineExecutor(Executor):
             self._bodies.clear()
         self._lifetimes.close()
         del instances  # host instances are destroyed here
+        # Failed outside the lock (their callbacks may call in), every one
+        # of them whatever a callback raises (sys.exit: raised after).
+        first = FirstRaised()
+        for fut in queued:
+            first.run(_fail_unrun, fut)
+        first.reraise()
 
     # ------------------------------------------------------------- loading
     def _loaded(self, program) -> _Loaded:

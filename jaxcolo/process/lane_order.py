@@ -31,7 +31,8 @@ import threading
 from concurrent.futures import Future
 from typing import Callable
 
-from jaxcolo.process.results import FirstRaised, executor_thread
+from jaxcolo.colocated.executor import FirstRaised
+from jaxcolo.process.results import executor_thread
 
 log = logging.getLogger("jaxcolo.executor")
 

@@ -24,6 +24,7 @@ from jax._src import tree_util as jtu
 from jaxcolo import envelope
 from jaxcolo.codec import spec_tree
 from jaxcolo.colocated import specs as specs_mod
+from jaxcolo.colocated.executor import FirstRaised
 from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays
 from jaxcolo_fb import MessageKind
@@ -62,34 +63,6 @@ def _run_callbacks(callbacks, future) -> None:
     for fn in callbacks:
         first.run(_run_callback, fn, future)
     first.reraise()
-
-
-class FirstRaised:
-    """Runs steps that must all run although one may raise a
-    BaseException (a done-callback's ``sys.exit``; an Exception is logged
-    by the callback runner; Ctrl-C is raised at once), then ``reraise()``-s
-    the first: one callback
-    used to cut short the callbacks after it, the bookkeeping hooks
-    waiting for them (interpreter exit then waited forever), or close()."""
-
-    __slots__ = ("error",)
-
-    def __init__(self):
-        self.error = None
-
-    def run(self, fn, *args) -> None:
-        try:
-            fn(*args)
-        except KeyboardInterrupt:  # Ctrl-C stops what runs now, as asked
-            raise                  # (not after a close's slow shutdown)
-        except BaseException as e:  # noqa: BLE001 - raised by reraise()
-            if self.error is None:
-                self.error = e
-
-    def reraise(self) -> None:
-        error, self.error = self.error, None
-        if error is not None:
-            raise error
 
 
 class CallFuture(Future):
