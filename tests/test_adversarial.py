@@ -1721,3 +1721,30 @@ def test_check_finds_an_abstract_device_without_platform(monkeypatch):
         list(range(5, jaxcolo.SCHEMA_VERSION + 1))
     plain = jaxcolo.serialize([am])  # writers from 4 write the platform
     assert check_readable(plain, 4)[0] and check_readable(plain, 1)[0]
+
+
+class _Scaled:
+    def __init__(self, x, scale):
+        self.x, self.scale = x, scale
+
+
+jax.tree_util.register_pytree_node(
+    _Scaled, lambda s: ((s.x,), s.scale), lambda scale, ch: _Scaled(ch[0],
+                                                                   scale))
+export.register_pytree_node_serialization(
+    _Scaled, serialized_name="tests.test_adversarial._Scaled",
+    serialize_auxdata=lambda a: np.asarray(a, np.float64).tobytes(),
+    deserialize_auxdata=lambda b: np.frombuffer(b, np.float64).copy())
+
+
+def test_numpy_auxdata_is_not_taken_for_rebuilt_auxdata():
+    """Auxdata whose == gives no bool (a numpy array) was taken by readers
+    for auxdata that only rebuilding reads back: check and inspect said a
+    payload every reader reads needs version 10."""
+    obj = _Scaled(_leaf(), np.array([1.0, 2.0]))
+    data = jaxcolo.serialize(obj)
+    assert jaxcolo.inspect(data)["min_reader_version"] == 1
+    assert check_readable(data, 1)[0] and check_readable(data, 9)[0]
+    assert jaxcolo.inspect(data)["readable_by_versions"] == \
+        list(range(1, jaxcolo.SCHEMA_VERSION + 1))
+    np.testing.assert_array_equal(jaxcolo.deserialize(data).scale, [1, 2])

@@ -706,3 +706,55 @@ def test_exported_avals_that_do_not_match_are_a_payload_error(monkeypatch):
         je.unbundle(data)
     from jaxcolo.checking import check_readable
     assert not check_readable(data, jaxcolo.SCHEMA_VERSION)[0]
+
+
+def test_deep_trees_jax_writes_are_checked_inspected_and_bundled():
+    """The depth limit was raised for the reader only: version_range,
+    check and inspect refused a 260-deep tree deserialize read, and
+    bundle() raised a PayloadError."""
+    from jaxcolo.checking import check_readable
+    arg = jax.ShapeDtypeStruct((2,), jnp.float32)
+    for _ in range(260):
+        arg = [arg]
+    exp = jax.export.export(jax.jit(lambda t: t))(arg)
+    data = exp.serialize()
+    assert je.version_range(data)[1] >= 10
+    assert check_readable(data, 11)[0]
+    assert jaxcolo.inspect(data)["format"] == "jax_export"
+    assert je.unbundle(je.bundle(exp)).exported.in_tree == exp.in_tree
+
+
+def test_dims_past_the_model_only_together_need_reader_9():
+    """Readers parse an aval's dims as one text; the writer judged each dim
+    alone, so two dims of 257 terms each were stamped readable by 2 (a v7
+    reader refuses them: more than 512 terms)."""
+    import dataclasses
+    from jaxcolo.codec.parse_cost import parse_cost
+    names = jax.export.symbolic_shape(",".join(f"a{i}" for i in range(258)))
+    d1, d2 = sum(names[:257]), sum(names[1:])
+    base = jax.export.export(jax.jit(lambda x: x))(
+        jax.ShapeDtypeStruct((names[0],), jnp.float32))
+    exp = dataclasses.replace(base, out_avals=(
+        jax.core.ShapedArray((d1, d2), jnp.float32),))
+    dims = [str(d1), str(d2)]
+    assert not any(parse_cost(d).counted for d in dims)
+    assert parse_cost(",".join(dims)).counted
+    assert jaxcolo.inspect(je.bundle(exp))["min_reader_version"] == 9
+
+
+def test_hlo_tile_limit_applies_only_where_readers_read_the_proto():
+    """At versions 6..8 the named sharding is written beside the
+    HloSharding and readers read it: the tile limit refused exports that
+    read back fine there."""
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+    m = AbstractMesh((2048, 1024), ("a", "b"))
+    s = NamedSharding(m, P("a", "b"))
+    exp = jax.export.export(jax.jit(lambda x: x, in_shardings=s,
+                                    out_shardings=s))(
+        jax.ShapeDtypeStruct((2048, 1024), np.float32, sharding=s))
+    for version in (6, 8):
+        data = je.serialize(exp, version=version)
+        assert je.deserialize(data).in_shardings_hlo == \
+            jax.export.deserialize(data).in_shardings_hlo
+    with pytest.raises(jaxcolo.EncodeError, match="more than 1048576 tiles"):
+        je.serialize(exp, version=5)

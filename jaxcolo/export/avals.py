@@ -54,12 +54,16 @@ _INT64 = 1 << 63
 def encode_aval(builder, aval, row, path: str = "$") -> int:
     """Build one AbstractValue table the way JAX's writer of ``row`` does."""
     dims = [str(d) for d in aval.shape]
+    symbolic = False
     for d, text in zip(aval.shape, dims):
         if type(d) is int and 0 <= d < _INT64:  # digits a reader takes
             continue
+        symbolic = True
         # (read back without constraints: the format has none)
         if writable_text(text, f"{path}.shape")[1]:  # a reader counts its
             trial_parse_units(text, empty_scope(), f"{path}.shape", d)  # work
+    if symbolic:  # readers parse all dims as one text: judged as such too
+        writable_text(",".join(dims), f"{path}.shape")  # (past the model?)
     shape_off = builder.offset_vector([builder.CreateString(t) for t in dims])
     kind = dtype_kind(aval.dtype, row, path)
     mem = _MEM_TO_FB.get(aval.memory_space)

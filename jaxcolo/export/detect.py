@@ -17,14 +17,14 @@ from __future__ import annotations
 import dataclasses
 
 from jaxcolo.errors import PayloadError
-from jaxcolo.export import versions
+from jaxcolo.export import pytrees, versions
 from jaxcolo.export.decode import as_buffer
 from jaxcolo.export.shardings import inferred_platform
 from jaxcolo.export.layouts import AVAL as LV, CHECK as LC, DEVICE as LD, \
     EXPORTED as L, MESH as LM, NAMED as LN, SHARDING as LS, TREE as LT
 from jaxcolo_jax_export_fb import DisabledSafetyCheckKind
 
-MAX_DEPTH = 256
+MAX_DEPTH = pytrees.MAX_DEPTH  # as deep as the reader goes
 _SHAPE_ASSERTIONS = DisabledSafetyCheckKind.shape_assertions
 
 
@@ -87,7 +87,12 @@ def _exported(buf, t, path, out, depth):
     for name in ("in_tree", "out_tree"):
         tt = t.table(getattr(L, name), path, name)
         if tt is not None:
-            _tree(buf, tt, f"{path}.{name}", out, 0)
+            try:
+                _tree(buf, tt, f"{path}.{name}", out, 0)
+            except RecursionError:
+                raise PayloadError("pytree nesting too deep for this "
+                                   "thread's stack", f"{path}.{name}") \
+                    from None
     for name in ("in_avals", "out_avals", "unique_avals"):
         for i, p in enumerate(t.tables(getattr(L, name), path, name)):
             _aval(buf.table_at(p, f"{path}.{name}[{i}]"),

@@ -272,7 +272,9 @@ def encode_sharding(builder, named, hlo, has_named, row, path) -> int:
             kind = fb.ShardingKind.hlo_sharding
         if hlo is not None:
             proto = hlo.to_proto()
-            opsharding.check_writable(proto, path + ".hlo_sharding_proto")
+            if not named_off:  # (else readers read the named sharding)
+                opsharding.check_writable(proto,
+                                          path + ".hlo_sharding_proto")
             hlo_off = builder.CreateByteVector(proto.SerializeToString())
     fb.ShardingStart(builder)
     if row.hlo_shardings:
