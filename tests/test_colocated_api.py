@@ -53,6 +53,16 @@ def test_kwargs_and_args_keep_their_places(executor):
     assert int(out["diff"]) == 7
 
 
+def test_a_parameter_named_self_is_a_keyword_like_any(executor):
+    """f(x, self=y) raised TypeError (multiple values for 'self'): the
+    wrapper's own first parameter took the name; JAX's takes *args,
+    **kwargs only."""
+    f = jaxcolo.colocated_python(lambda x, self: x + self)
+    d = cpu_devices()[0]
+    assert int(f(put(1, d), self=put(2, d))) == 3
+    assert int(f.submit(put(1, d), self=put(5, d)).result(30)) == 6
+
+
 def test_no_input_needs_devices(executor):
     @jaxcolo.colocated_python
     def make_zero():

@@ -343,7 +343,7 @@ class ColocatedFunction:
             sp.track(ex)
         return sp, ex, leaves
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):
         sp, ex, leaves = self._prepare(args, kwargs)
         ref = sp.programs.get(ex.payload_version) or sp.program(
             ex.payload_version)
@@ -361,7 +361,7 @@ class ColocatedFunction:
         return sp.out_treedef.unflatten(ex.call(ref, leaves, lane=lane,
                                                 checked=True))
 
-    def submit(self, *args, **kwargs) -> Future:
+    def submit(self, /, *args, **kwargs) -> Future:
         """Call without waiting.  Calls submitted from one thread run in
         the order submitted (and before that thread's later calls).  A first
         call that must discover output specs runs before submit returns.

@@ -134,7 +134,7 @@ def colocated_python_class(cls: type) -> type:
     ``obj.m = obj.m.specialize(devices=..., out_specs_fn=...)``."""
 
     class Wrapped:
-        def __init__(self, *init_args, **init_kwargs) -> None:
+        def __init__(self, /, *init_args, **init_kwargs) -> None:
             state = InstanceState(cls, init_args, init_kwargs)
             self._colocated_instance = state
             for attr in dir(cls):
