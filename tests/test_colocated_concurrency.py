@@ -278,3 +278,22 @@ def test_a_new_thread_does_not_queue_behind_a_finished_one(x):
         assert int(futures[0].result(10)) == 1
     if first.ident not in idents:
         pytest.skip("no thread id was reused")
+
+
+def test_a_callback_may_wait_for_a_later_call_of_its_thread(executor):
+    """InlineExecutor ran done-callbacks on the lane's runner, the thread
+    that runs the lane's later calls: a callback waiting for one waited for
+    ever (ProcessExecutor runs them on a thread of their own)."""
+    nap = jaxcolo.colocated_python(
+        lambda x: (time.sleep(0.2), x + 1)[1]).specialize(
+            out_specs_fn=lambda x: x)
+    x = put(np.float32(1), cpu_devices()[0])
+    first, second = nap.submit(x), nap.submit(x)
+    got = []
+    first.add_done_callback(lambda _: got.append(float(second.result(10))))
+    assert float(first.result(10)) == 2.0
+    assert float(second.result(10)) == 2.0
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got == [2.0]

@@ -31,6 +31,7 @@ from jaxcolo.codec.mesh import make_resolver
 from jaxcolo.colocated import program_lifetimes, specs as specs_mod
 from jaxcolo.colocated.body import loads_body
 from jaxcolo.colocated.executor import Executor, FirstRaised
+from jaxcolo.colocated.futures import CallFuture, executor_thread
 from jaxcolo.colocated.program import decode_program
 from jaxcolo.colocated.recent import RecentSet
 from jaxcolo.errors import ExecutorError, PayloadError
@@ -425,7 +426,7 @@ class InlineExecutor(Executor):
     # --------------------------------------------------------------- lanes
     def _enqueue(self, lane: Hashable, fn, loaded: _Loaded, *args,
                  program=None) -> Future:
-        fut = Future()
+        fut = CallFuture()  # (callbacks never on the lane's runner)
         iid = loaded.program.instance_id if \
             loaded.program.kind == "method" else 0
         with self._lock:
@@ -459,6 +460,13 @@ class InlineExecutor(Executor):
         self._destroy(iid)
 
     def _drain(self, lane: Hashable, ln: _Lane) -> None:
+        # The runner is a thread the lane depends on: futures completed
+        # here run their callbacks on their own thread (one waiting for a
+        # later call of this lane would otherwise wait for ever).
+        with executor_thread():
+            self._drain_lane(lane, ln)
+
+    def _drain_lane(self, lane: Hashable, ln: _Lane) -> None:
         while True:
             with self._lock:
                 if not ln.queue:

@@ -53,6 +53,7 @@ from typing import Hashable, Sequence
 import jax
 
 from jaxcolo.colocated.executor import Executor, FirstRaised
+from jaxcolo.colocated.futures import executor_thread
 from jaxcolo.colocated import program_lifetimes
 from jaxcolo.colocated.program import ProgramRef, decode_program
 from jaxcolo.colocated.recent import RecentSet
@@ -65,7 +66,7 @@ from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
 from jaxcolo.process.lane_order import LaneOrder
 from jaxcolo.process import launch, lifetime
-from jaxcolo.process.results import Call, Plan, executor_thread
+from jaxcolo.process.results import Call, Plan
 from jaxcolo.process.sending import CallSending
 from jaxcolo.transport import blobs, interrupts
 

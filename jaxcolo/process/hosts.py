@@ -25,11 +25,11 @@ import secrets
 import threading
 import time
 
+from jaxcolo.colocated.futures import executor_thread
 from jaxcolo_fb import MessageKind as K
 from jaxcolo import versions
 from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
-from jaxcolo.process.results import executor_thread
 from jaxcolo.transport import blobs, channel as ch, handshake, procs
 from jaxcolo.transport.interrupts import CRITICAL
 from jaxcolo.transport.writer import SendDeadline, acquire_until, \

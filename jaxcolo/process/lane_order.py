@@ -32,7 +32,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from jaxcolo.colocated.executor import FirstRaised
-from jaxcolo.process.results import executor_thread
+from jaxcolo.colocated.futures import executor_thread
 
 log = logging.getLogger("jaxcolo.executor")
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import threading
 
+from jaxcolo.colocated.futures import executor_thread
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process import messages, packing, templates
 from jaxcolo.process.hostset import RESUME_SINCE
 from jaxcolo.process.hosts import HostLink
-from jaxcolo.process.results import Call, executor_thread
+from jaxcolo.process.results import Call
 from jaxcolo.transport import interrupts
 from jaxcolo.transport.writer import SendDeadline, seconds_until
 
