@@ -297,3 +297,48 @@ def test_a_callback_may_wait_for_a_later_call_of_its_thread(executor):
     while not got and time.monotonic() < deadline:
         time.sleep(0.01)
     assert got == [2.0]
+
+
+def test_cancelling_a_queued_inline_call_runs_its_callbacks():
+    """InlineExecutor's queued futures keep their callbacks apart (so they
+    run off the lane's thread); cancel() ran only Future's own list, which
+    is empty: a cancelled call's callbacks never ran."""
+    nap = jaxcolo.colocated_python(
+        lambda x: (time.sleep(0.3), x + 1)[1]).specialize(
+            out_specs_fn=lambda x: x)
+    x = put(np.float32(1), cpu_devices()[0])
+    with jaxcolo.InlineExecutor() as ex, jaxcolo.use_executor(ex):
+        nap(x)
+        ref = nap.programs()[-1]  # (Executor.submit: public, cancellable)
+        running = ex.submit(ref, [x], lane="L")
+        queued = ex.submit(ref, [x], lane="L")
+        seen = []
+        queued.add_done_callback(lambda u: seen.append(u.cancelled()))
+        assert queued.cancel() and seen == [True]
+        assert float(running.result(10)[0]) == 2.0
+
+
+def test_ctrl_c_in_a_callback_still_fails_every_queued_call_at_close():
+    """A KeyboardInterrupt in one queued call's callback, as close() failed
+    them, left the calls queued behind it pending for ever."""
+    nap = jaxcolo.colocated_python(
+        lambda x: (time.sleep(0.3), x + 1)[1]).specialize(
+            out_specs_fn=lambda x: x)
+    x = put(np.float32(1), cpu_devices()[0])
+    ex = jaxcolo.InlineExecutor()
+    with jaxcolo.use_executor(ex):
+        futs = [nap.submit(x) for _ in range(4)]
+
+    def interrupt(_):
+        raise KeyboardInterrupt
+    futs[1].add_done_callback(interrupt)
+    time.sleep(0.05)
+    try:
+        ex.close()
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("close() did not raise the KeyboardInterrupt")
+    for u in futs[1:]:
+        with pytest.raises(jaxcolo.ExecutorError, match="closed before"):
+            u.result(5)

@@ -454,3 +454,33 @@ def test_an_instance_reloaded_after_forgets_lists_its_programs_once(
              if isinstance(executor, jaxcolo.InlineExecutor)
              else executor._instance_plans)
     assert len(lists.get(iid, [])) <= 1, lists.get(iid)
+
+
+def test_an_equal_function_starts_afresh_while_others_register():
+    """The forget of a dead function's program was skipped while another
+    thread held a host's register lock: an equal function made meanwhile
+    ran on the dead one's registration (counting on from 4), then, forgotten
+    at a later call, restarted mid-life."""
+    import threading
+    x = put(np.float32(0), cpu_devices()[0])
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, \
+            jaxcolo.use_executor(ex):
+        f = _counter()
+        assert [float(f(x)) for _ in range(3)] == [1, 2, 3]
+        del f
+        gc.collect()
+        g = _counter()
+        link = ex._links[0]
+        busy, done = threading.Event(), threading.Event()
+
+        def registering():  # another thread registering a program
+            with link.register_lock:
+                busy.set()
+                done.wait(10)
+        t = threading.Thread(target=registering)
+        t.start()
+        busy.wait(10)
+        threading.Timer(0.3, done.set).start()
+        first = float(g(x))  # waits for the lock to forget the dead one's
+        t.join()
+        assert [first] + [float(g(x)) for _ in range(2)] == [1, 2, 3]

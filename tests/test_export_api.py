@@ -758,3 +758,32 @@ def test_hlo_tile_limit_applies_only_where_readers_read_the_proto():
             jax.export.deserialize(data).in_shardings_hlo
     with pytest.raises(jaxcolo.EncodeError, match="more than 1048576 tiles"):
         je.serialize(exp, version=5)
+
+
+def test_bundled_avals_keep_the_shardings_jax_reads():
+    """The avals kept beside the Exported were compared whole with those
+    JAX's reader derives (sharding, memory space from the Exported's
+    shardings): bundles of an Explicit-mesh or pinned_host export with a
+    weak scalar were refused by unbundle (v10 readers read them)."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jaxcolo.checking import check_readable
+    mesh = jax.make_mesh((2, 4), ("x", "y"),
+                         axis_types=(AxisType.Explicit,) * 2)
+    with jax.set_mesh(mesh):
+        explicit = jax.export.export(jax.jit(lambda x, w: x * w))(
+            jax.ShapeDtypeStruct((8, 4), np.float32,
+                                 sharding=NamedSharding(mesh, P("x", "y"))),
+            1.0)
+    pinned = jax.export.export(jax.jit(
+        lambda x, w: x * w, out_shardings=jax.sharding.SingleDeviceSharding(
+            jax.devices()[0], memory_kind="pinned_host")))(
+        jax.ShapeDtypeStruct((3,), np.float32), 1.0)
+    for exp in (explicit, pinned):
+        data = je.bundle(exp)
+        theirs = je.deserialize(exp.serialize())
+        got = je.unbundle(data).exported
+        assert [a.weak_type for a in got.in_avals] == [False, True]
+        assert [(a.sharding, a.memory_space) for a in got.in_avals] == \
+            [(a.sharding, a.memory_space) for a in theirs.in_avals]
+        assert got.out_avals == theirs.out_avals
+        assert check_readable(data, jaxcolo.SCHEMA_VERSION)[0]

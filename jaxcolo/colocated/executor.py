@@ -80,19 +80,30 @@ class FirstRaised:
     used to cut short the callbacks after it, the bookkeeping hooks
     waiting for them (interpreter exit then waited forever), or close()."""
 
-    __slots__ = ("error",)
+    __slots__ = ("error", "defer_interrupts")
 
-    def __init__(self):
+    def __init__(self, defer_interrupts: bool = False):
         self.error = None
+        # Ctrl-C too (steps that complete futures: a future left pending
+        # would hang its waiters; the caller raises it when they are done)
+        self.defer_interrupts = defer_interrupts
 
     def run(self, fn, *args) -> None:
         try:
             fn(*args)
-        except KeyboardInterrupt:  # Ctrl-C stops what runs now, as asked
-            raise                  # (not after a close's slow shutdown)
+        except KeyboardInterrupt as e:  # Ctrl-C stops what runs now, as
+            if not self.defer_interrupts:  # asked (not after a close's
+                raise                      # slow shutdown)
+            if self.error is None:
+                self.error = e
         except BaseException as e:  # noqa: BLE001 - raised by reraise()
             if self.error is None:
                 self.error = e
+
+    def reraise_interrupt(self) -> None:
+        """Raise now the first error if it is a Ctrl-C."""
+        if isinstance(self.error, KeyboardInterrupt):
+            self.reraise()
 
     def reraise(self) -> None:
         error, self.error = self.error, None

@@ -46,7 +46,7 @@ def _run_callback(fn, future) -> None:
 
 
 def _run_callbacks(callbacks, future) -> None:
-    first = FirstRaised()
+    first = FirstRaised(defer_interrupts=True)
     for fn in callbacks:
         first.run(_run_callback, fn, future)
     first.reraise()
@@ -78,6 +78,17 @@ class CallFuture(Future):
                 self._callbacks.append(fn)
                 return
         _run_callback(fn, self)  # done already: inline, as Future does
+
+    def cancel(self) -> bool:
+        """As Future's; the callbacks added run (Future's own list, which
+        ``cancel`` runs, is not where they are kept)."""
+        with self._condition:
+            fire = self._state == "PENDING"
+        if not super().cancel():
+            return False
+        if fire:
+            self._fire()
+        return True
 
     # (not a callback of its own: a bound method there would be a
     # reference cycle keeping every result alive until a cyclic collection)
@@ -133,7 +144,7 @@ class CallFuture(Future):
     def _run_all(self, callbacks) -> None:
         """The done-callbacks, then every after_callbacks function (all of
         them, whatever one raises)."""
-        first = FirstRaised()
+        first = FirstRaised(defer_interrupts=True)
         first.run(_run_callbacks, callbacks, self)
         while True:
             with self._callbacks_lock:

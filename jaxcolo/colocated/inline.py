@@ -252,7 +252,7 @@ class InlineExecutor(Executor):
         del instances  # host instances are destroyed here
         # Failed outside the lock (their callbacks may call in), every one
         # of them whatever a callback raises (sys.exit: raised after).
-        first = FirstRaised()
+        first = FirstRaised(defer_interrupts=True)
         for fut in queued:
             first.run(_fail_unrun, fut)
         first.reraise()

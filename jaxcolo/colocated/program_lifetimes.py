@@ -99,6 +99,13 @@ class Subscription:
                 apply(ids)
         return ids
 
+    def is_gone(self, program_id: bytes) -> bool:
+        """Whether ``take`` would return ``program_id`` now (every ref of
+        it died since this executor noted it)."""
+        with _LOCK:
+            _count_deaths()
+            return program_id in self._gone
+
     def close(self) -> None:
         """Stop collecting ids (a closed executor)."""
         with _LOCK:

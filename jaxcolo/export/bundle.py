@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from jax._src import core
+
 import jaxcolo_fb as fb
 from jaxcolo_fb import RootKind
 from jaxcolo import envelope, versions
@@ -108,22 +110,29 @@ def _lost_by_jax_format(aval) -> bool:
 
 
 def _restore_avals(exp, avals, path: str):
-    """``exp`` with the avals of payload ``avals`` (constraints and weak
-    types JAX's format dropped); PayloadError unless they are ``exp``'s
-    avals in all JAX's format holds."""
+    """``exp`` with what payload ``avals`` keeps of its avals that JAX's
+    format dropped: their shapes' dims (in their scope, with its
+    constraints) and weak types.  The rest (sharding, memory space) is as
+    JAX's reader derives it from the Exported's shardings.  PayloadError
+    unless they are ``exp``'s avals in shape text and dtype."""
     got = spec_tree.decode_spec_tree(avals)
     ok = (type(got) is tuple and len(got) == 2 and
           all(type(side) is tuple for side in got))
     if ok:
         for side, have in zip(got, (exp.in_avals, exp.out_avals)):
             ok = ok and len(side) == len(have) and all(
-                type(a) is type(b) and str(a.shape) == str(b.shape) and
-                a.dtype == b.dtype and a.memory_space == b.memory_space and
-                a.sharding == b.sharding for a, b in zip(side, have))
+                isinstance(a, core.ShapedArray) and
+                isinstance(b, core.ShapedArray) and
+                str(a.shape) == str(b.shape) and a.dtype == b.dtype
+                for a, b in zip(side, have))
     if not ok:
         raise PayloadError("exported_avals are not the Exported's avals",
                            path)
-    return dataclasses.replace(exp, in_avals=got[0], out_avals=got[1])
+    restored = [tuple(b.update(shape=a.shape, weak_type=a.weak_type)
+                      for a, b in zip(side, have))
+                for side, have in zip(got, (exp.in_avals, exp.out_avals))]
+    return dataclasses.replace(exp, in_avals=restored[0],
+                               out_avals=restored[1])
 
 
 @envelope.shares_inflation

@@ -422,8 +422,12 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
                checked: bool = False, sync: bool = False) -> Call:
         if self._closed:
             raise ExecutorError("ProcessExecutor is closed")
-        if self._forgets_unsent or self._lifetimes.pending():
-            self._forget_unheld()
+        if (self._forgets_unsent or self._lifetimes.pending()) and \
+                not self._forget_unheld() and \
+                self._lifetimes.is_gone(program.id):
+            # its id died and came back: never run on the dead one's plan
+            # and registrations (their state), skipped while others register
+            self._forget_unheld(wait=True)
         plan = self._plans.get(program.id) or self._plan(program)
         if not checked:  # shards are raw bytes: never reinterpret them
             plan.check_args(args)
@@ -532,7 +536,9 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         if not closing:  # closed, or being closed on another thread
             lifetime.wait_released(self._owned)
             return
-        first = FirstRaised()  # a callback's sys.exit: after closing
+        # Every call fails whatever its callbacks raise; a callback's
+        # sys.exit is raised once closed, Ctrl-C once the calls failed.
+        first = FirstRaised(defer_interrupts=True)
         try:
             for call, h, link in pending.values():
                 first.run(call.fail, ExecutorError(
@@ -541,6 +547,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
             first.run(self._lane_order.close, ExecutorError(
                 "ProcessExecutor closed while this call waited for its "
                 "thread's earlier calls on other hosts"))
+            first.reraise_interrupt()
             self._ready.wait(self._start_timeout)
             if mine:  # (what the finalizer would release: the same)
                 lifetime.shut_down(self._owned, keep_going=False)

@@ -27,7 +27,7 @@ class ProgramForgetting:
 
     _forgets_unsent = False  # some link has forget ids not sent yet
 
-    def _forget_unheld(self) -> None:
+    def _forget_unheld(self, wait: bool = False) -> bool:
         """Forget the programs no ProgramRef holds any more: their plans
         here, and their registrations on hosts whose session knows the
         ``forget`` message (v9).  Every host's register lock is held while
@@ -38,13 +38,15 @@ class ProgramForgetting:
         another host's connection), and a registration takes its id out of
         them under the same lock: a program made again is registered after
         its forget, never before one.  Skipped (tried at a later call)
-        while another thread registers."""
+        while another thread registers, unless ``wait`` (then it waits
+        for the locks, taken in order; each holder holds only its own).
+        Whether it ran."""
         links = list(self._links)
         taken = []
         try:
             for link in links:
-                if not link.register_lock.acquire(blocking=False):
-                    return
+                if not link.register_lock.acquire(blocking=wait):
+                    return False
                 taken.append(link.register_lock)
 
             def apply(ids):
@@ -76,6 +78,7 @@ class ProgramForgetting:
                     pass
                 link.forget_unsent.difference_update(gone)
             self._forgets_unsent = unsent
+            return True
         finally:
             for lock in taken:
                 lock.release()

@@ -153,7 +153,7 @@ class LaneOrder:
         with self._lock:
             calls, lane.deferred = list(lane.deferred), collections.deque()
             lane.pumping = False
-        first = FirstRaised()  # (a callback's sys.exit fails the rest too)
+        first = FirstRaised(defer_interrupts=True)  # (fail them all)
         for call, *_ in calls:
             first.run(call.fail, error)
         first.reraise()
@@ -163,7 +163,7 @@ class LaneOrder:
         with self._lock:
             self._closed = error
             lanes = list(self._lanes.values())
-        first = FirstRaised()
+        first = FirstRaised(defer_interrupts=True)
         for lane in lanes:
             first.run(self._fail_deferred, lane, error)
         first.reraise()
