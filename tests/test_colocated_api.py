@@ -63,6 +63,29 @@ def test_a_parameter_named_self_is_a_keyword_like_any(executor):
     assert int(f.submit(put(1, d), self=put(5, d)).result(30)) == 6
 
 
+def test_submit_delivers_call_errors_in_the_future_every_time(executor):
+    """The same failure (a body that cannot be pickled; a closed executor)
+    came in the Future on a first call, which discovers output specs, but
+    was raised by submit() itself once specs were known."""
+    import threading
+    lock = threading.Lock()
+    d = cpu_devices()[0]
+    plain = jaxcolo.colocated_python(lambda x: (lock, x)[1])
+    known = jaxcolo.colocated_python(lambda x: (lock, x)[1]).specialize(
+        out_specs_fn=lambda s: s)
+    kinds = {type(f.submit(put(1, d)).exception(10)) for f in (plain, known)}
+    assert len(kinds) == 1 and issubclass(kinds.pop(), TypeError)
+    ok = jaxcolo.colocated_python(lambda x: x).specialize(
+        out_specs_fn=lambda s: s)
+    assert int(ok(put(1, d))) == 1
+    with jaxcolo.InlineExecutor() as closed:
+        pass
+    with jaxcolo.use_executor(closed):
+        for f in (ok, jaxcolo.colocated_python(lambda x: x)):
+            assert isinstance(f.submit(put(1, d)).exception(10),
+                              jaxcolo.ExecutorError)
+
+
 def test_no_input_needs_devices(executor):
     @jaxcolo.colocated_python
     def make_zero():

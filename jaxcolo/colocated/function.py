@@ -365,25 +365,33 @@ class ColocatedFunction:
         """Call without waiting.  Calls submitted from one thread run in
         the order submitted (and before that thread's later calls).  A first
         call that must discover output specs runs before submit returns.
-        Argument errors raise here; errors of the call are in the Future."""
+        Argument errors raise here; errors of the call are in the Future
+        (the function's body that cannot be pickled, a closed executor),
+        on a first call and later ones alike."""
         sp, ex, leaves = self._prepare(args, kwargs)
         lane = current_lane()
-        ref = sp.program(ex.payload_version)
-        if ref is None:
-            outer = Future()
-            outer.set_running_or_notify_cancel()
-            try:
-                deadline = call_deadline(ex)
-                out = sp.discover(ex, leaves, lane, deadline)
-                if out is SPECS_KNOWN:
-                    with time_left(ex, deadline, sp.name):
-                        return self.submit(*args, **kwargs)
-                outer.set_result(out)
-            except Exception as e:
-                outer.set_exception(e)
-            return outer
-        return _chain(ex.submit(ref, leaves, lane=lane, checked=True),
-                      sp.out_treedef)
+        try:
+            ref = sp.program(ex.payload_version)
+            if ref is not None:
+                return _chain(ex.submit(ref, leaves, lane=lane, checked=True),
+                              sp.out_treedef)
+        except Exception as e:  # noqa: BLE001 - delivered in the Future
+            failed = Future()
+            failed.set_running_or_notify_cancel()
+            failed.set_exception(e)
+            return failed
+        outer = Future()  # a first call: discovered before returning
+        outer.set_running_or_notify_cancel()
+        try:
+            deadline = call_deadline(ex)
+            out = sp.discover(ex, leaves, lane, deadline)
+            if out is SPECS_KNOWN:
+                with time_left(ex, deadline, sp.name):
+                    return self.submit(*args, **kwargs)
+            outer.set_result(out)
+        except Exception as e:
+            outer.set_exception(e)
+        return outer
 
     def programs(self) -> list[ProgramRef]:
         """Every program payload built so far (discovery and full)."""
