@@ -52,12 +52,14 @@ def _leaf():
     return jax.ShapeDtypeStruct((2,), np.float32)
 
 
-def _reseal(data, body=None, flags=None, min_reader=None):
-    """``data`` with another body/flags/min reader version, checksum fixed."""
+def _reseal(data, body=None, flags=None, min_reader=None, writer=None):
+    """``data`` with another body/flags/min reader/writer version, checksum
+    fixed."""
     magic, w, r, k, f, res, _ = envelope.HEADER.unpack_from(data, 0)
     body = bytes(data[16:]) if body is None else bytes(body)
     return envelope.HEADER.pack(
-        magic, w, r if min_reader is None else min_reader, k,
+        magic, w if writer is None else writer,
+        r if min_reader is None else min_reader, k,
         f if flags is None else flags, res, zlib.crc32(body)) + body
 
 
@@ -1154,9 +1156,8 @@ def test_check_finds_a_mesh_without_axes_under_a_legacy_header():
     from jax.sharding import Mesh
 
     m0 = Mesh(np.array(jax.devices()[0], dtype=object).reshape(()), ())
-    legacy = bytearray(jaxcolo.serialize([_leaf(), {"m": m0}], version=6))
-    struct.pack_into("<HH", legacy, 4, 1, 1)  # as writer 1 wrote it
-    legacy = bytes(legacy)
+    legacy = _reseal(jaxcolo.serialize([_leaf(), {"m": m0}], version=6),
+                     writer=1, min_reader=1)  # as writer 1 wrote it
     assert jaxcolo.deserialize(legacy) == [_leaf(), {"m": m0}]  # memoized
     for n in range(1, 6):
         ok, why = check_readable(legacy, n)
@@ -1619,9 +1620,7 @@ def test_symbolic_text_past_the_model_needs_reader_9(which):
     with pytest.raises(jaxcolo.EncodeError, match=r"symbolic_past_cost_model "
                        r"needs schema version 9.* - at \$\['x'\]"):
         jaxcolo.serialize({"x": sds}, version=8)
-    legacy = bytearray(data)
-    struct.pack_into("<HH", legacy, 4, 8, 1)  # as writer 8 wrote it
-    legacy = bytes(legacy)
+    legacy = _reseal(data, writer=8, min_reader=1)  # as writer 8 wrote it
     assert jaxcolo.deserialize(legacy)["x"].shape == sds.shape
     for n in (1, 4, 8):
         ok, why = check_readable(legacy, n)
@@ -1655,9 +1654,8 @@ def test_a_bundle_of_an_export_with_dims_past_the_model_needs_reader_9():
         jax.ShapeDtypeStruct((a,), np.float32))
     data = bundle(exp)
     assert jaxcolo.inspect(data)["min_reader_version"] == 9
-    legacy = bytearray(data)
-    struct.pack_into("<HH", legacy, 4, 8, 2)
-    ok, why = check_readable(bytes(legacy), 7)
+    legacy = _reseal(data, writer=8, min_reader=2)
+    ok, why = check_readable(legacy, 7)
     assert not ok and "symbolic_past_cost_model" in why, why
 
 
@@ -1689,9 +1687,7 @@ def test_a_custom_node_read_back_only_rebuilt_needs_reader_10():
     with pytest.raises(jaxcolo.EncodeError, match=r"custom_node_rebuilt needs"
                        r" schema version 10.* - at \$\['t'\]"):
         jaxcolo.serialize({"t": td}, version=9)
-    legacy = bytearray(data)
-    struct.pack_into("<HH", legacy, 4, 9, 1)  # as writer 9 wrote it
-    legacy = bytes(legacy)
+    legacy = _reseal(data, writer=9, min_reader=1)  # as writer 9 wrote it
     assert jaxcolo.deserialize(legacy) == {"t": td}
     ok, why = check_readable(legacy, 9)
     assert not ok and "uses custom_node_rebuilt, which needs reader " \
@@ -1711,9 +1707,8 @@ def test_check_finds_an_abstract_device_without_platform(monkeypatch):
         (2,), ("x",), abstract_device=jmesh.AbstractDevice("cpu", None, ""))
     with monkeypatch.context() as m:  # write it as writers 1..3 did
         m.setattr(jaxcolo_fb, "AbstractDeviceAddPlatform", lambda b, p: None)
-        legacy = bytearray(jaxcolo.serialize([am], version=3))
-    struct.pack_into("<HH", legacy, 4, 3, 1)
-    legacy = bytes(legacy)
+        data = jaxcolo.serialize([am], version=3)
+    legacy = _reseal(data, writer=3, min_reader=1)
     assert jaxcolo.deserialize(legacy) == [am]
     assert not check_readable(legacy, 4)[0]
     assert check_readable(legacy, 5)[0]
