@@ -298,6 +298,16 @@ def nested_min_reader(nested, outer_version: int, path: str,
     return h.min_reader_version
 
 
+def decode_nested(fn, data, path: str, *args):
+    """``fn(data, *args)`` -- decoding or inspecting a payload nested in
+    another one -- with a PayloadError's path put under ``path`` (the
+    field holding it)."""
+    try:
+        return fn(data, *args)
+    except PayloadError as e:
+        raise type(e)(e.reason, path + e.path[1:]) from None
+
+
 def check_nested_declared(nested, outer: Header, path: str) -> None:
     """PayloadError if a nested payload needs a newer reader than its
     container's header declares (a forged or corrupt header: a reader of the

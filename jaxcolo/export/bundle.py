@@ -95,8 +95,7 @@ def _exported_avals(exp, writer: int) -> bytes | None:
     try:
         return spec_tree.encode_spec_tree(avals, writer)
     except EncodeError as e:
-        raise EncodeError(e.reason, "$.exported_avals" + e.path[1:]) \
-            from None
+        raise e.under("$.exported_avals") from None
 
 
 def _lost_by_jax_format(aval) -> bool:
@@ -168,14 +167,15 @@ def unbundle(data, device_resolver=None) -> ExportBundle:
     """Decode a bundle.  PayloadError (with the inner field path, e.g.
     ``$.exported.in_tree``) for anything malformed."""
     exported, specs, avals = _open_bundle(data)
-    exp = _nested(deserialize_exported, exported, "$.exported")
+    nested = envelope.decode_nested
+    exp = nested(deserialize_exported, exported, "$.exported")
     if avals is not None:
-        exp = _nested(lambda d: _restore_avals(exp, d, "$"), avals,
-                      "$.exported_avals")
+        exp = nested(lambda d: _restore_avals(exp, d, "$"), avals,
+                     "$.exported_avals")
     spec_obj = None
     if specs is not None:
-        spec_obj = _nested(lambda d: spec_tree.decode_spec_tree(
-            d, device_resolver), specs, "$.specs")
+        spec_obj = nested(spec_tree.decode_spec_tree, specs, "$.specs",
+                          device_resolver)
     return ExportBundle(exp, spec_obj)
 
 
@@ -183,24 +183,15 @@ def inspect_bundle(data, header) -> dict:
     from jaxcolo.export.inspection import inspect_jax_export
     from jaxcolo.inspection import inspect_nested_spec_tree
     exported, specs, avals = _open_bundle(data, header.min_reader_version)
-    out = {"exported": _nested(lambda d: inspect_jax_export(d, nested=True),
-                               exported, "$.exported")}
+    nested = envelope.decode_nested
+    out = {"exported": nested(lambda d: inspect_jax_export(d, nested=True),
+                              exported, "$.exported")}
     if specs is not None:
-        out["specs"] = _nested(lambda d: inspect_nested_spec_tree(d)[0],
-                               specs, "$.specs")
+        out["specs"] = nested(inspect_nested_spec_tree, specs, "$.specs")[0]
     if avals is not None:
-        out["exported_avals"] = _nested(
-            lambda d: inspect_nested_spec_tree(d)[0], avals,
-            "$.exported_avals")
+        out["exported_avals"] = nested(inspect_nested_spec_tree, avals,
+                                       "$.exported_avals")[0]
     return out
-
-
-def _nested(fn, data, path: str):
-    """``fn(data)`` with a PayloadError's path put under ``path``."""
-    try:
-        return fn(data)
-    except PayloadError as e:
-        raise type(e)(e.reason, path + e.path[1:]) from None
 
 
 def _register():

@@ -396,19 +396,12 @@ def decode_with_resolver(data, device_resolver=None) -> Message:
     m = decode(data)
     with envelope.inflation_scope(m.inflation):
         if m.program is not None and envelope.is_envelope(m.program):
-            _nested(decode_program, m.program, "$.program", device_resolver)
+            envelope.decode_nested(decode_program, m.program, "$.program",
+                                   device_resolver)
         if m.specs is not None and envelope.is_envelope(m.specs):
-            _nested(spec_tree.decode_spec_tree, m.specs, "$.specs",
-                    device_resolver)
+            envelope.decode_nested(spec_tree.decode_spec_tree, m.specs,
+                                   "$.specs", device_resolver)
     return m
-
-
-def _nested(fn, data, path: str, *args):
-    """``fn(data, *args)`` with a PayloadError's path put under ``path``."""
-    try:
-        return fn(data, *args)
-    except PayloadError as e:
-        raise type(e)(e.reason, path + e.path[1:]) from None
 
 
 def _inspect_program(data) -> dict:
@@ -437,8 +430,8 @@ def inspect_message(data, header) -> dict:
     if m.program is not None:
         out["program_size"] = len(m.program)
         if envelope.is_envelope(m.program):
-            out["program"] = _nested(_inspect_program, m.program,
-                                     "$.program")
+            out["program"] = envelope.decode_nested(
+                _inspect_program, m.program, "$.program")
     if m.shards is not None:
         out["shards"] = len(m.shards.leaf)
         out["buffers"] = {KIND_WHERE.get(w, str(w)): sum(
@@ -453,8 +446,8 @@ def inspect_message(data, header) -> dict:
         from jaxcolo.inspection import inspect_nested_spec_tree
         out["specs_size"] = len(m.specs)
         if envelope.is_envelope(m.specs):
-            out["specs"] = _nested(lambda d: inspect_nested_spec_tree(d)[0],
-                                   m.specs, "$.specs")
+            out["specs"] = envelope.decode_nested(
+                inspect_nested_spec_tree, m.specs, "$.specs")[0]
     for field in ("error_type", "error_message", "text"):
         if getattr(m, field) is not None:
             out[field] = getattr(m, field)
