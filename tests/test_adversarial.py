@@ -987,6 +987,20 @@ def test_dict_keys_utf8_cannot_hold_name_their_tree_path(obj, path):
         jaxcolo.serialize(obj)
 
 
+def test_registered_namedtuple_name_utf8_cannot_hold_names_tree_path():
+    """A namedtuple registered under a name UTF-8 cannot hold was blamed on
+    a payload field ($.structure.node_data[0]), not its place in the tree."""
+    import collections
+    Pair = collections.namedtuple("Pair", ["a", "b"])
+    jax.export.register_namedtuple_serialization(
+        Pair, serialized_name="pair\udc81")
+    tree = {"x": [None, Pair(None, None)]}
+    with pytest.raises(jaxcolo.EncodeError, match=r"serialized_name of Pair "
+                       r"'pair\\udc81' cannot be written as UTF-8 .* - at "
+                       r"\$\['x'\]\[1\]$"):
+        jaxcolo.serialize(jax.tree_util.tree_structure(tree))
+
+
 @pytest.mark.parametrize("obj,path", _strings_utf8_cannot_hold())
 def test_strings_utf8_cannot_hold_are_encode_errors(obj, path):
     """Lone surrogates (in dict keys, axis names, ...) escaped the writer

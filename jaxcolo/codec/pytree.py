@@ -196,6 +196,8 @@ def _flatten_node(td, out: FlatTree, where, depth: int = 0) -> None:
     elif plain_namedtuple(t):
         reg = jexport.serialization_registry.get(t)
         name = reg[0] if reg is not None else qualified(t)
+        _check_utf8((name,), f"serialized_name of {t.__name__}",
+                    lambda _: where)
         if reg is None and not found_by_name(t, name):
             raise EncodeError(
                 f"namedtuple {name} is not what that name refers to in its "
