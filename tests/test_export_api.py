@@ -531,6 +531,36 @@ def test_overlapping_strings_count_against_the_read_budget():
         je.deserialize(bytes(base))
 
 
+def test_symbolic_shapes_a_reader_would_refuse_are_not_written():
+    """Nested min/max dims whose parse costs less than the trial limit each
+    but more than a reader's budget for the payload in all were written
+    (byte for byte as JAX), then refused by jaxcolo.export.deserialize and
+    unbundle; the writer refuses them now, and what it writes reads."""
+    from jax._src import core
+
+    def exported(n):
+        syms = jax.export.symbolic_shape(",".join(f"s{i}" for i in range(n)))
+
+        def f(*xs):
+            d = xs[0].shape[0]
+            for i, x in enumerate(xs[1:]):
+                d = core.max_dim(d, x.shape[0]) if i % 2 else \
+                    core.min_dim(d + 1, x.shape[0])
+            return jnp.zeros((d,))
+        return jax.export.export(jax.jit(f))(
+            *[jax.ShapeDtypeStruct((s,), jnp.float32) for s in syms])
+
+    small = exported(6)
+    back = je.deserialize(je.serialize(small))
+    assert str(back.out_avals) == str(small.out_avals)
+    big = exported(12)
+    for write in (je.serialize, je.bundle):
+        with pytest.raises(jaxcolo.EncodeError, match=r"the symbolic shapes "
+                           r"cost \d+ parse units, more than a reader allows "
+                           r"a \d+-byte payload .* - at \$$"):
+            write(big)
+
+
 def test_meshes_the_reader_refuses_are_not_written():
     """An abstract mesh of more devices than the reader takes (2^24) was
     written, then refused by jaxcolo.export.deserialize."""

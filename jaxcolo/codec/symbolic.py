@@ -228,8 +228,9 @@ def make_scope(constraints: tuple, buf, path: str):
             from None
 
 
-def _trial_units(fn, what: str, path: str, error=EncodeError):
-    """(fn(), parse units a reader is charged for it, with a 2x margin)."""
+def _trial_units(fn, what: str, path: str, error=EncodeError,
+                 margin: float = 2.0):
+    """(fn(), parse units a reader is charged for it, times ``margin``)."""
     try:
         out, events = run_counted(fn, MAX_TRIAL_EVENTS)
     except OutOfBudget:
@@ -237,7 +238,7 @@ def _trial_units(fn, what: str, path: str, error=EncodeError):
             f"{what} takes JAX's work over {MAX_TRIAL_EVENTS} steps; a "
             "reader would refuse it (chained constraints, or costly text)",
             path) from None
-    return out, 2 * events // EVENTS_PER_UNIT
+    return out, int(margin * events) // EVENTS_PER_UNIT
 
 
 def trial_scope(constraints: tuple, path: str):
@@ -253,10 +254,26 @@ def trial_scope(constraints: tuple, path: str):
                           path) from None
 
 
-def trial_parse_units(text: str, scope, path: str, dim) -> int:
+def trial_shape_units(text: str, path: str, margin: float) -> int:
+    """The units a reader is charged for JAX's work parsing shape ``text``
+    (dims joined by commas) in a scope without constraints, times
+    ``margin`` (that work is the same, to a few events, every time)."""
+    try:
+        return _trial_units(
+            lambda: shape_poly.symbolic_shape(text, scope=empty_scope()),
+            f"parsing {text[:80]!r}", path, margin=margin)[1]
+    except EncodeError:
+        raise
+    except Exception as e:
+        raise EncodeError(f"symbolic shape {text[:80]!r} does not parse "
+                          f"back: {e}", path) from None
+
+
+def trial_parse_units(text: str, scope, path: str, dim,
+                      margin: float = 2.0) -> int:
     """The units a reader is charged for parsing ``text`` (the printed form
     of ``dim``) in ``scope`` (the trial scope of its constraints) beyond its
-    text; EncodeError unless it reads back equal to ``dim``.  Equality
+    text, times ``margin``; EncodeError unless it reads back equal to ``dim``.  Equality
     constraints may rewrite what is parsed: with ``a == 2*b`` and
     ``b == mod(c, 3) + 1``, ``max(a, c)`` prints as ``max(2*b, c)`` and
     reads back as ``max(2*mod(c, 3) + 2, c)``, which JAX does not find
@@ -264,7 +281,7 @@ def trial_parse_units(text: str, scope, path: str, dim) -> int:
     try:
         dims, units = _trial_units(
             lambda: shape_poly.symbolic_shape(text, scope=scope),
-            f"parsing {text[:80]!r}", path)
+            f"parsing {text[:80]!r}", path, margin=margin)
     except EncodeError:
         raise
     except Exception as e:

@@ -14,7 +14,7 @@ from jax._src.export import shape_poly
 import jaxcolo_jax_export_fb as fb
 from jaxcolo.codec.dtypes import describe, dtype_of_kind
 from jaxcolo.codec.symbolic import empty_scope, parse_shape, \
-    trial_parse_units, writable_text
+    trial_parse_units, trial_shape_units, writable_text
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.export.layouts import AVAL as L
 
@@ -51,25 +51,82 @@ def dtype_kind(dtype, row, path: str) -> int:
 _INT64 = 1 << 63
 
 
-def encode_aval(builder, aval, row, path: str = "$") -> int:
-    """Build one AbstractValue table the way JAX's writer of ``row`` does."""
-    dims = [str(d) for d in aval.shape]
-    symbolic = False
+# JAX's work parsing a shape without constraints is the same to a few
+# events each time (measured); the margin covers a reader's shared scope.
+TRIAL_MARGIN = 1.125
+
+
+class ShapeCharges:
+    """The parse units readers will charge for the symbolic shapes of one
+    JAX export payload, to hold against their budget for its size (see
+    :func:`jaxcolo.wire.parse_budget`): each Exported of the vjp chain has
+    its own AvalReader, which parses the dims of each distinct aval once, as
+    one text.  Trial parses are made once per text."""
+
+    def __init__(self):
+        self.per_exported: list[dict] = []  # (dims, kind, mem) -> units
+        self.checked: dict = {}  # dim text checked -> its trial's units
+
+    def exported(self) -> dict:
+        """The charges of the next Exported written."""
+        self.per_exported.append({})
+        return self.per_exported[-1]
+
+    def total(self) -> int:
+        return sum(sum(c.values()) for c in self.per_exported)
+
+
+def _reader_parses(text: str) -> bool:
+    """Whether a reader parses dim ``text`` (see AvalReader._shape)."""
+    return not (text.isascii() and text.isdigit() and len(text) < 19)
+
+
+def _shape_units(aval, dims, charges, path: str) -> int:
+    """The units a reader charges for parsing ``aval``'s ``dims`` (0 if it
+    reads them as plain integers); EncodeError if it would refuse or
+    misread them (after the first time a text is seen: ``charges``)."""
     for d, text in zip(aval.shape, dims):
-        if type(d) is int and 0 <= d < _INT64:  # digits a reader takes
-            continue
-        symbolic = True
+        if type(d) is int and 0 <= d < _INT64 or text in charges.checked:
+            continue  # digits a reader takes, or already checked
         # (read back without constraints: the format has none)
         if writable_text(text, f"{path}.shape")[1]:  # a reader counts its
-            trial_parse_units(text, empty_scope(), f"{path}.shape", d)  # work
-    if symbolic:  # readers parse all dims as one text: judged as such too
-        writable_text(",".join(dims), f"{path}.shape")  # (past the model?)
+            charges.checked[text] = trial_parse_units(  # work
+                text, empty_scope(), f"{path}.shape", d, TRIAL_MARGIN)
+        else:
+            charges.checked[text] = None
+    if not any(map(_reader_parses, dims)):
+        return 0
+    # Readers parse all dims as one text: judged (and charged) as such.
+    text = ",".join(dims)
+    units, counted = writable_text(text, f"{path}.shape")
+    units += sum(map(len, dims)) + len(dims)
+    if counted:  # JAX's work on it is counted too
+        trial = charges.checked.get(text)  # (one dim: its own trial)
+        units += trial if trial is not None else \
+            trial_shape_units(text, f"{path}.shape", TRIAL_MARGIN)
+    return units
+
+
+def encode_aval(builder, aval, row, path: str = "$",
+                charges: dict | None = None,
+                all_charges: ShapeCharges | None = None) -> int:
+    """Build one AbstractValue table the way JAX's writer of ``row`` does;
+    its readers' parse charges go to ``charges`` (those of its Exported,
+    from ``all_charges.exported()``)."""
+    if all_charges is None:
+        all_charges = ShapeCharges()
+    if charges is None:
+        charges = all_charges.exported()
+    dims = [str(d) for d in aval.shape]
     shape_off = builder.offset_vector([builder.CreateString(t) for t in dims])
     kind = dtype_kind(aval.dtype, row, path)
     mem = _MEM_TO_FB.get(aval.memory_space)
     if mem is None:
         raise EncodeError(f"unsupported memory space {aval.memory_space}",
                           path)
+    key = (tuple(dims), kind, mem)
+    if key not in charges:
+        charges[key] = _shape_units(aval, dims, all_charges, path)
     if not row.memory_space and mem != _MS.Device:
         raise EncodeError(f"memory space {aval.memory_space} needs "
                           f"serialization version >= 5", path)

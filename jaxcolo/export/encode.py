@@ -29,7 +29,8 @@ import jaxcolo_jax_export_fb as fb
 from jaxcolo.errors import EncodeError
 from jaxcolo.export import versions
 from jaxcolo.versions import integer
-from jaxcolo.export.avals import encode_aval
+from jaxcolo.wire import parse_budget
+from jaxcolo.export.avals import ShapeCharges, encode_aval
 from jaxcolo.export.effects import encode_check, encode_effect
 from jaxcolo.export.pytrees import encode_tree
 from jaxcolo.export.shardings import encode_abstract_mesh, \
@@ -60,14 +61,23 @@ def serialize(exp, vjp_order: int = 0, version: int | None = None
                           f"got {vjp_order!r}")
     vjp_order = order
     builder = ExportBuilder()
+    charges = ShapeCharges()
     try:
-        builder.Finish(_exported(builder, exp, vjp_order, row, "$"))
+        builder.Finish(_exported(builder, exp, vjp_order, row, "$", charges))
     except (struct.error, OverflowError, UnicodeEncodeError, TypeError) as e:
         # A field of the wrong type or out of its wire range (a str that is
         # not one, a count past uint32, unpaired surrogates).
         raise EncodeError(f"cannot encode {type(exp).__name__}: "
                           f"{type(e).__name__}: {e}", "$") from None
-    return bytearray(builder.Output())
+    out = builder.Output()
+    cost = charges.total()
+    if cost > parse_budget(len(out)):
+        raise EncodeError(
+            f"the symbolic shapes cost {cost} parse units, more than a reader "
+            f"allows a {len(out)}-byte payload ({parse_budget(len(out))}): "
+            "use fewer distinct nested max/min expressions or long products",
+            "$")
+    return bytearray(out)
 
 
 def _vector(builder, offs) -> int:
@@ -137,7 +147,7 @@ def _derived_hlo(named, hlo, aval, path):
                           f"this version: {e}", path) from None
 
 
-def _exported(builder, exp, vjp_order, row, path) -> int:
+def _exported(builder, exp, vjp_order, row, path, charges) -> int:
     if not row.hlo_shardings and not exp._has_named_shardings:
         hlo_versions = [r.version for r in versions.HISTORY
                         if r.hlo_shardings]
@@ -151,17 +161,19 @@ def _exported(builder, exp, vjp_order, row, path) -> int:
         raise EncodeError(f"{nr} devices need serialization version >= 5",
                           f"{path}.nr_devices")
     uniques = _Uniques(exp) if row.unique_tables else None
+    mine = charges.exported()  # (its reader's: one per Exported)
     # Bottom-up, in JAX's order.
     name_off = builder.CreateString(exp.fun_name)
     in_tree = encode_tree(builder, exp.in_tree, row.custom_pytree,
                           f"{path}.in_tree")
     in_avals = _vector(builder, [
-        encode_aval(builder, a, row, f"{path}.in_avals[{i}]")
+        encode_aval(builder, a, row, f"{path}.in_avals[{i}]", mine, charges)
         for i, a in enumerate(exp.in_avals)])
     out_tree = encode_tree(builder, exp.out_tree, row.custom_pytree,
                            f"{path}.out_tree")
     out_avals = _vector(builder, [
-        encode_aval(builder, a, row, f"{path}.out_avals[{i}]")
+        encode_aval(builder, a, row, f"{path}.out_avals[{i}]", mine,
+                    charges)
         for i, a in enumerate(exp.out_avals)])
     in_sh = _shardings(builder, exp, "in", row, uniques, path)
     out_sh = _shardings(builder, exp, "out", row, uniques, path)
@@ -188,10 +200,11 @@ def _exported(builder, exp, vjp_order, row, path) -> int:
             raise EncodeError(f"vjp_order={vjp_order} but this Exported has "
                               "no vjp", f"{path}.vjp")
         vjp = _exported(builder, exp.vjp(), vjp_order - 1, row,
-                        f"{path}.vjp")
+                        f"{path}.vjp", charges)
     if uniques is not None:
         u_avals = _vector(builder, [
-            encode_aval(builder, a, row, f"{path}.unique_avals[{i}]")
+            encode_aval(builder, a, row, f"{path}.unique_avals[{i}]", mine,
+                        charges)
             for i, a in enumerate(uniques.avals)])
         u_meshes = _vector(builder, [
             encode_abstract_mesh(builder, m, row,
