@@ -86,6 +86,11 @@ class ExecutorError(RuntimeError):
     """Executor-side failure: worker lost, timeout, executor closed."""
 
 
+class ConnectionLost(ExecutorError):
+    """A message could not be written: the connection to the peer is gone
+    (the executor then declares that worker lost)."""
+
+
 class HostWedgedError(ExecutorError):
     """A worker refuses multi-host calls: a multi-host call of a controller
     it served before may have left its collectives out of step with the

@@ -5,6 +5,7 @@ call).  The colocated behaviour tests run under it via colocated_support."""
 import gc
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -1908,3 +1909,27 @@ def test_inline_close_outlives_a_callback_raising_system_exit():
     for u in futs[1:]:
         with pytest.raises(jaxcolo.ExecutorError, match="closed before"):
             u.result(10)
+
+
+def test_a_send_that_finds_the_worker_gone_declares_it_lost():
+    """A worker killed while the executor idled: the next call's send fails
+    (broken pipe) before the background reader sees the EOF.  That failure
+    did not declare the worker lost, so the call after it went to the same
+    dead connection and failed too, instead of waiting for the restart."""
+    f = jaxcolo.colocated_python(_identity).specialize(
+        out_specs_fn=_identity)
+    x = put(3, cpu_devices()[0])
+    failed = 0
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+        assert int(f(x)) == 3
+        for rep in range(3):
+            os.kill(ex.worker_pids()[0], signal.SIGKILL)
+            time.sleep(0.05)  # dead, well before the reader's next poll
+            try:
+                assert int(f(x)) == 3  # (the restart came first)
+            except jaxcolo.ExecutorError as e:
+                failed += 1
+                assert re.match(r"host 0 .* was lost", str(e)), str(e)
+                assert int(f(x)) == 3  # waits for the restart
+        assert ex.stats()["restarts"] == 3
+    assert failed, "no call met the dead connection: the test tested nothing"

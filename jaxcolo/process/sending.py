@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 
 from jaxcolo.colocated.futures import executor_thread
-from jaxcolo.errors import ExecutorError
+from jaxcolo.errors import ConnectionLost, ExecutorError
 from jaxcolo.process import messages, packing, templates
 from jaxcolo.process.hostset import RESUME_SINCE
 from jaxcolo.process.hosts import HostLink
@@ -178,6 +178,12 @@ class CallSending:
                 f"{plan.name}: call timed out after {limit[1]}s while its "
                 f"inputs were copied into shared memory ({e}); it was not "
                 "sent"))
+        except ConnectionLost as e:  # the worker is gone: later calls
+            call.send_broken = True    # wait for its restart (this one
+            link.lost(f"{e} (sending a call)")  # fails: not retried)
+            self._fail_pending(call_id, ExecutorError(
+                f"{link.describe} was lost before the call could be sent "
+                f"({e}); it was not sent"))
         except ExecutorError as e:
             call.send_broken = True
             self._fail_pending(call_id, ExecutorError(

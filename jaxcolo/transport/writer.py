@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from jaxcolo.errors import ExecutorError
+from jaxcolo.errors import ConnectionLost, ExecutorError
 from jaxcolo.transport.interrupts import CRITICAL
 
 log = logging.getLogger("jaxcolo.transport")
@@ -134,7 +134,7 @@ class FrameWriter:
                     self._finish_later(pending)
                     handed = True
         except (OSError, ValueError) as e:
-            raise ExecutorError(f"connection lost: {e}") from None
+            raise ConnectionLost(f"connection lost: {e}") from None
         finally:
             if not handed:
                 lock.release()
