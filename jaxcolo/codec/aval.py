@@ -29,8 +29,9 @@ from jaxcolo.codec.dtypes import intern_dtype
 from jaxcolo.codec.layout import build_layout, decode_layout, layout_item
 from jaxcolo.codec.sharding import intern_sharding
 from jaxcolo.codec.scopes import scope_entry
-from jaxcolo.codec.symbolic import PAST_MODEL, bits_of_scope, empty_scope, \
-    parse_shape, trial_parse_units, writable_text
+from jaxcolo.codec.symbolic import FREE_TRIAL_MARGIN, PAST_MODEL, \
+    bits_of_scope, empty_scope, legacy_or_current_charge, parse_shape, \
+    trial_parse_units, writable_cost
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.fastbuilder import offset_vector, string_vector
 from jaxcolo.wire import layout
@@ -106,16 +107,21 @@ def _shape_item(writer, shape, path):
             sym.append(text)
             ref = scope_entry(writer, d.scope, path)
             if (text, ref) not in writer.parsed:  # a reader parses it once
-                units, counted = writable_text(text, path,
-                                               bits_of_scope(d.scope))
-                if counted:  # readers before its version refuse it
+                cost = writable_cost(text, path, bits_of_scope(d.scope))
+                if cost.counted:  # readers before its version refuse it
                     writer.require(PAST_MODEL, path)
                 trial = writer.memo.get(("trial scope", id(d.scope)))
-                if trial is None and counted:  # parsed by a reader counted
-                    trial = empty_scope()
-                if trial is not None:
-                    units += trial_parse_units(text, trial, path, d)
-                writer.parsed[(text, ref)] = units
+                constrained = trial is not None
+                if trial is None and cost.work_counted:  # a reader counts
+                    trial = writer.memo.get(("free trial scope", ref))
+                    if trial is None:  # JAX's work on it, in one scope per
+                        trial = writer.memo[("free trial scope", ref)] = \
+                            empty_scope()  # entry (its bounds are cached)
+                work = 0 if trial is None else trial_parse_units(
+                    text, trial, path, d,
+                    2.0 if constrained else FREE_TRIAL_MARGIN)
+                writer.parsed[(text, ref)] = legacy_or_current_charge(
+                    cost, work, constrained)
             if scope_ref and ref != scope_ref:
                 raise EncodeError("symbolic dims from different scopes in one "
                                   "shape", path)

@@ -57,6 +57,15 @@ class Cost(NamedTuple):
     units: int                  # parse units the model charges
     refused: str | None = None  # why no reader parses it
     counted: bool = False       # past the model: count JAX's work
+    # JAX's work must be counted (past the model, or max/min: their cost
+    # grows with the names and terms of their operands, which the model's
+    # charge for a group, by its length, does not see: 113 characters of
+    # nested max/min over sums of 7 names take 16 s)
+    work_counted: bool = False
+    # what a reader charges before counting that work: ``units`` without
+    # the model's charge for max/min groups (readers before counting it,
+    # in releases of schema version 11 and older, charge ``units``)
+    read_units: int = 0
 
 
 def parse_cost(text: str, name_bits: int = 0) -> Cost:
@@ -73,6 +82,8 @@ def parse_cost(text: str, name_bits: int = 0) -> Cost:
     # group; names in the current product term
     prev = prev_text = None
     group_start = 0
+    any_minmax = False
+    groups = 0  # the model's charge for max/min groups
     toks = []  # (kind, text) of the significant tokens, for _Walk
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -101,6 +112,7 @@ def parse_cost(text: str, name_bits: int = 0) -> Cost:
                 opens.append((minmax, factors))
                 factors = 0
                 if minmax:
+                    any_minmax = True
                     if not inside:
                         group, group_start = 1, tok.start[1]
                     else:
@@ -117,7 +129,7 @@ def parse_cost(text: str, name_bits: int = 0) -> Cost:
                         if group > 1 and length > MAX_NESTED_GROUP_TEXT:
                             counted = True
                         elif not counted:
-                            cost += _group_cost(group, length)
+                            groups += _group_cost(group, length)
             elif kind in _TERM_ENDS:
                 factors = 0
             prev, prev_text = kind, tok.string
@@ -132,10 +144,11 @@ def parse_cost(text: str, name_bits: int = 0) -> Cost:
                      f"{MAX_MAGNITUDE_BITS} bits (constants, powers of "
                      "them, or bounds its constraints give)")
     if counted or terms > MAX_TERMS:
-        return Cost(cost, None, True)
+        return Cost(cost + groups, None, True, True, cost)
     if inside:  # unclosed: the parser will refuse it
         cost += _MINMAX_COST[min(group, MAX_MINMAX_GROUP)]
-    return Cost(cost + _TERM_COST * terms)
+    cost += _TERM_COST * terms
+    return Cost(cost + groups, None, False, any_minmax, cost)
 
 
 def magnitude(text: str, name_bits: int = 0) -> int:

@@ -89,12 +89,13 @@ def noting_past_model():
         _PAST_MODEL_SEEN.reset(token)
 
 
-def writable_text(text: str, path: str,
-                  name_bits: int = 0) -> tuple[int, bool]:
-    """(the parse units a reader charges for ``text`` by the cost model,
-    whether it is past the model: a reader counts JAX's work on it, and
-    readers before PAST_MODEL's version refuse it); EncodeError if no
-    reader parses it (``name_bits``: see :func:`scope_bits`)."""
+def writable_cost(text: str, path: str, name_bits: int = 0):
+    """The cost (parse_cost.Cost) of ``text`` to a reader: ``units`` it
+    charges by the cost model; ``counted``: past the model (readers before
+    PAST_MODEL's version refuse it); ``work_counted``: a reader counts
+    JAX's work on it too (a writer's trial parse tells how much).
+    EncodeError if no reader parses it (``name_bits``: see
+    :func:`scope_bits`)."""
     cost = parse_cost(text, name_bits)
     if cost.refused is not None:
         raise EncodeError(f"symbolic expression {text[:200]!r} "
@@ -103,6 +104,25 @@ def writable_text(text: str, path: str,
         seen = _PAST_MODEL_SEEN.get()
         if seen is not None:
             seen.append(path)
+    return cost
+
+
+def legacy_or_current_charge(cost, work: int, constrained: bool) -> int:
+    """The larger of what readers charge for text of ``cost`` whose parse
+    takes ``work`` units of JAX's work (a trial's): this reader charges
+    ``read_units`` and counts the work of every ``work_counted`` text;
+    readers before it charge ``units`` and count the work of text past the
+    model (``counted``) or in a scope with constraints only."""
+    legacy = cost.units + (work if cost.counted or constrained else 0)
+    current = cost.read_units + (work if cost.work_counted or constrained
+                                 else 0)
+    return max(legacy, current)
+
+
+def writable_text(text: str, path: str,
+                  name_bits: int = 0) -> tuple[int, bool]:
+    """(``units``, ``counted``) of :func:`writable_cost`."""
+    cost = writable_cost(text, path, name_bits)
     return cost.units, cost.counted
 
 
@@ -127,10 +147,10 @@ def _charge(buf, text: str, path: str, name_bits: int = 0) -> bool:
         raise PayloadError(f"symbolic expression {text[:80]!r} "
                            f"{cost.refused}", path)
     if buf is not None:
-        buf.charge_parse(cost.units, path)
+        buf.charge_parse(cost.read_units, path)
     if cost.counted and versions.noting():
         versions.note_used(PAST_MODEL)  # (read under any header)
-    return cost.counted
+    return cost.work_counted
 
 
 _SCOPE_BITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -151,6 +171,10 @@ def bits_of_scope(scope) -> int:
 # takes 0.15-0.24 us of JAX's work and the count's (measured: sums of
 # thousands of names, powers of sums with growing coefficients).
 EVENTS_PER_UNIT = 16
+# JAX's work parsing text in a scope without constraints is the same to a
+# few events each time (measured); a writer's trial of it is charged with
+# this margin (with constraints: 2x).
+FREE_TRIAL_MARGIN = 1.125
 # A writer's trial parses stop here (~1 s of JAX's work): EncodeError.
 MAX_TRIAL_EVENTS = 1 << 23
 # JAX's first constrained scope in a process costs ~12k events (~1.3k warm).

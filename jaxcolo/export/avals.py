@@ -13,8 +13,9 @@ from jax._src.export import shape_poly
 
 import jaxcolo_jax_export_fb as fb
 from jaxcolo.codec.dtypes import describe, dtype_of_kind
-from jaxcolo.codec.symbolic import empty_scope, parse_shape, \
-    trial_parse_units, trial_shape_units, writable_text
+from jaxcolo.codec.symbolic import FREE_TRIAL_MARGIN, empty_scope, \
+    legacy_or_current_charge, parse_shape, trial_parse_units, \
+    trial_shape_units, writable_cost
 from jaxcolo.errors import EncodeError, PayloadError
 from jaxcolo.export.layouts import AVAL as L
 
@@ -51,11 +52,6 @@ def dtype_kind(dtype, row, path: str) -> int:
 _INT64 = 1 << 63
 
 
-# JAX's work parsing a shape without constraints is the same to a few
-# events each time (measured); the margin covers a reader's shared scope.
-TRIAL_MARGIN = 1.125
-
-
 class ShapeCharges:
     """The parse units readers will charge for the symbolic shapes of one
     JAX export payload, to hold against their budget for its size (see
@@ -89,22 +85,23 @@ def _shape_units(aval, dims, charges, path: str) -> int:
         if type(d) is int and 0 <= d < _INT64 or text in charges.checked:
             continue  # digits a reader takes, or already checked
         # (read back without constraints: the format has none)
-        if writable_text(text, f"{path}.shape")[1]:  # a reader counts its
-            charges.checked[text] = trial_parse_units(  # work
-                text, empty_scope(), f"{path}.shape", d, TRIAL_MARGIN)
+        if writable_cost(text, f"{path}.shape").work_counted:  # a reader
+            charges.checked[text] = trial_parse_units(  # counts its work
+                text, empty_scope(), f"{path}.shape", d, FREE_TRIAL_MARGIN)
         else:
             charges.checked[text] = None
     if not any(map(_reader_parses, dims)):
         return 0
     # Readers parse all dims as one text: judged (and charged) as such.
     text = ",".join(dims)
-    units, counted = writable_text(text, f"{path}.shape")
-    units += sum(map(len, dims)) + len(dims)
-    if counted:  # JAX's work on it is counted too
-        trial = charges.checked.get(text)  # (one dim: its own trial)
-        units += trial if trial is not None else \
-            trial_shape_units(text, f"{path}.shape", TRIAL_MARGIN)
-    return units
+    cost = writable_cost(text, f"{path}.shape")
+    work = 0
+    if cost.work_counted:  # JAX's work on it is counted too
+        work = charges.checked.get(text)  # (one dim: its own trial)
+        if work is None:
+            work = trial_shape_units(text, f"{path}.shape", FREE_TRIAL_MARGIN)
+    return sum(map(len, dims)) + len(dims) + \
+        legacy_or_current_charge(cost, work, False)
 
 
 def encode_aval(builder, aval, row, path: str = "$",
