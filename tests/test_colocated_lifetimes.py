@@ -114,9 +114,11 @@ def test_an_equal_function_made_after_one_died_starts_afresh(executor):
 
 
 def test_forgetting_races_with_equal_functions_made_again():
-    """Threads each make, call and drop equal functions (one program id)
-    while others' drops forget it: no call may find its program forgotten
-    on the worker (the forget must never overtake a registration)."""
+    """Threads each make, call and drop equal functions while others' drops
+    forget theirs: no call may find its program forgotten on the worker
+    (the forget must never overtake a registration).  (Equal functions had
+    one program id then; each specialisation's body carries a copy token
+    now, so this checks forgets racing other programs' registrations.)"""
     errors = []
     d = cpu_devices()[0]
     x = put(np.float32(2), d)

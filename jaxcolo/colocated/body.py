@@ -18,6 +18,11 @@ that live in importable modules, pickled by reference beside the function
 function and imports the modules, which register the types there -- as JAX's
 pickled treedefs do).  A worker whose payload names a node type it has not
 registered loads the body for that and decodes again.
+
+A function's body may carry a *copy token* the same way (random bytes, one
+per specialisation): equal functions then make distinct programs, so each
+specialisation runs its own copy of the function and of what it captured,
+as in JAX.
 """
 
 from __future__ import annotations
@@ -68,15 +73,17 @@ class _BodyPickler(cloudpickle.Pickler):
 
 
 class _Carrying:
-    """``value`` pickled with ``types`` (by reference); loads as ``value``."""
+    """``value`` pickled with ``types`` (by reference) and ``copy`` (bytes
+    or None); loads as ``value``."""
 
-    __slots__ = ("value", "types")
+    __slots__ = ("value", "types", "copy")
 
-    def __init__(self, value, types):
-        self.value, self.types = value, types
+    def __init__(self, value, types, copy=None):
+        self.value, self.types, self.copy = value, types, copy
 
     def __reduce__(self):
-        return operator.getitem, ((self.value, *self.types), 0)
+        extra = (self.copy,) if self.copy is not None else ()
+        return operator.getitem, ((self.value, *self.types, *extra), 0)
 
 
 _PLAIN_NODES = (tuple, list, dict, type(None))
@@ -110,9 +117,10 @@ def _importable(cls) -> bool:
 
 
 def dumps_body(obj, *, version: int | None = None, what: str = "body",
-               carry: tuple = ()) -> bytes:
+               carry: tuple = (), copy: bytes | None = None) -> bytes:
     """Pickle ``obj`` as a program body (spec objects as spec payloads),
-    carrying the types ``carry`` (see the module docstring).
+    carrying the types ``carry`` and the token ``copy`` (see the module
+    docstring).
 
     Pickling errors propagate with their own type and a note naming ``what``.
     """
@@ -120,7 +128,7 @@ def dumps_body(obj, *, version: int | None = None, what: str = "body",
         p = _BodyPickler(f)
         p.version = version
         try:
-            p.dump(_Carrying(obj, carry) if carry else obj)
+            p.dump(_Carrying(obj, carry, copy) if carry or copy else obj)
         except Exception as e:
             e.add_note(f"jaxcolo: while pickling {what}")
             raise

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import secrets
 import threading
 import time
 from concurrent.futures import CancelledError, Future
@@ -95,11 +96,14 @@ class FunctionTarget:
         self.name = getattr(fn, "__name__", "unknown")
         self.source_info = _source_info(fn)
 
-    def body(self, version: int, carry: tuple = ()) -> bytes:
+    def body(self, version: int, carry: tuple = (),
+             copy: bytes | None = None) -> bytes:
         """The function pickled now (each specialisation pickles its own
         copy, as in JAX: globals it captures by value are as of then),
-        carrying the node types ``carry``."""
-        return dumps_body(self.fn, version=version, carry=carry,
+        carrying the node types ``carry`` and the specialisation's ``copy``
+        token (its programs are its own, not shared with an equal
+        function's)."""
+        return dumps_body(self.fn, version=version, carry=carry, copy=copy,
                           what=f"colocated function {self.name!r}")
 
 
@@ -125,6 +129,7 @@ class Specialized:
         self._in_payloads: dict[int, bytes] = {}
         self._out_payloads: dict[int, bytes] = {}
         self._bodies: dict[int, bytes] = {}  # by version
+        self._copy = secrets.token_bytes(8)  # its own copy on the hosts
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._discovering = False
@@ -153,7 +158,7 @@ class Specialized:
         body = self._bodies.get(version)
         if body is None:  # one pickle for the discovery and full program
             body = self._bodies.setdefault(version, t.body(
-                version, types_to_carry(self.in_treedef)))
+                version, types_to_carry(self.in_treedef), self._copy))
         return program_lifetimes.hold(ProgramRef.of(encode_program(
             name=t.name, kind=t.kind, body=body, in_specs=in_specs,
             out_specs=out_specs,
@@ -298,6 +303,9 @@ class ColocatedFunction:
         self._cache.on_clear = self._pinned.clear
         self._pinned_lock = threading.Lock()
         functools.update_wrapper(self, target.fn, updated=())
+        for name, value in getattr(target.fn, "__dict__", {}).items():
+            if name not in self.__dict__:  # the function's attributes, as
+                self.__dict__[name] = value  # JAX's wrapper has them
 
     def __repr__(self):
         return f"<colocated_python {self._target.name}>"

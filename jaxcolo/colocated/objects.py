@@ -123,7 +123,10 @@ class MethodTarget:
         self.source_info = state.source_info
         self.track = state.track
 
-    def body(self, version: int, carry: tuple = ()) -> bytes:
+    def body(self, version: int, carry: tuple = (),
+             copy: bytes | None = None) -> bytes:
+        """The instance's body (its state is the instance's, by id: the
+        methods' programs need no copy token)."""
         return self.state.body(version, carry)
 
 
