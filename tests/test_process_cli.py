@@ -604,13 +604,25 @@ def test_a_reply_streaming_longer_than_lost_timeout_is_not_lost(keyfile):
 
 
 _SCRIPT_TYPES = r'''
-import collections, os, sys
+import collections, os, sys, typing
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import jax, numpy as np
 import jaxcolo
 
 Pair = collections.namedtuple("Pair", "a b")
 Other = collections.namedtuple("Other", "u v")
+
+
+class Vec(typing.NamedTuple):
+    x: jax.Array
+    y: jax.Array
+
+    def __add__(self, other):  # elementwise, not tuple concatenation
+        return Vec(self.x + other.x, self.y + other.y)
+
+    def norm2(self):
+        return self.x * self.x + self.y * self.y
+
 
 x = jax.device_put(np.int32(1), jax.devices()[0])
 with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
@@ -623,7 +635,7 @@ with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
         lambda p: Other(p.u, p.v + 1) if type(p) is Other else None)
     back = same(Other(x, x))  # the body's own class reaches the function
     print("same", type(back) is Other, int(back.v))
-    named = jaxcolo.colocated_python(  # Pair: made for `add` before
+    named = jaxcolo.colocated_python(  # Pair: carried for `add` before
         lambda p: p.a + (1 if type(p) is Pair else 100))
     print("named", int(named(Pair(x, x))))
     nested = jaxcolo.colocated_python(  # Pair only inside nested code
@@ -632,22 +644,26 @@ with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
     Pair = collections.namedtuple("Pair", "u v w")  # redefined
     three = jaxcolo.colocated_python(lambda p: Pair(p.u, p.v, p.w + 1))
     print("redefined", int(three(Pair(x, x, x)).w))
+    double = jaxcolo.colocated_python(lambda v: v + v)  # Vec not named:
+    dv = double(Vec(x, x))  # its methods all the same (it is carried)
+    norm2 = jaxcolo.colocated_python(lambda v: v.norm2())
+    print("methods", type(dv) is Vec, int(dv.y), int(norm2(Vec(x, x))))
 '''
 
 
 def test_a_scripts_namedtuples_work_on_workers(tmp_path):
     """Namedtuples defined in the user's script (``__main__``) in inputs
     and outputs, as in JAX: a worker resolves ``__main__:Name`` to the
-    class the body carries (also named only in nested code, also after a
-    program that did not carry it, also redefined with other fields), or
-    one made from the payload's fields (it looked in its own ``__main__``
-    and refused them)."""
+    class the body carries (also named only in nested code, also redefined
+    with other fields; a namedtuple of the arguments is carried even when
+    the function does not name it: one made from the payload's fields had
+    none of its methods, so ``v + v`` concatenated tuples)."""
     script = tmp_path / "script.py"
     script.write_text(_SCRIPT_TYPES)
     out = subprocess.run([sys.executable, str(script)], capture_output=True,
                          text=True, timeout=240,
                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:6] == [
+    assert out.stdout.split("\n")[:7] == [
         "in 2", "out True 2", "same True 2", "named 2", "nested True",
-        "redefined 2"]
+        "redefined 2", "methods True 2 2"]

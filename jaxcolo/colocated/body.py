@@ -16,8 +16,10 @@ A body may *carry* types: the pytree node types of its program's arguments
 that live in importable modules, pickled by reference beside the function
 (``operator.getitem((fn, *types), 0)``: loading it, by any jaxcolo, gives the
 function and imports the modules, which register the types there -- as JAX's
-pickled treedefs do).  A worker whose payload names a node type it has not
-registered loads the body for that and decodes again.
+pickled treedefs do), and the plain namedtuples of the user's script,
+pickled by value with their methods.  A worker whose payload names a node
+type it has not registered loads the body for that (keeping what it
+carries, :func:`loads_body_carried`) and decodes again.
 
 A function's body may carry a *copy token* the same way (random bytes, one
 per specialisation): equal functions then make distinct programs, so each
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import io
 import operator
+import pickle
 import sys
 import threading
 
@@ -38,6 +41,7 @@ from jax._src.lib import xla_client as xc
 
 from jaxcolo.codec import spec_tree
 from jaxcolo.codec.mesh import make_resolver
+from jaxcolo.codec.names import plain_namedtuple
 from jaxcolo.errors import PayloadError
 
 _DEVICE_SPEC_TYPES = (jax.sharding.Mesh, jax.sharding.NamedSharding,
@@ -90,20 +94,32 @@ _PLAIN_NODES = (tuple, list, dict, type(None))
 
 
 def types_to_carry(treedef) -> tuple:
-    """The node types of ``treedef`` a body carries: those (custom nodes,
-    namedtuples) defined in an importable module other than ``__main__``
-    (which a worker imports by name; a script's classes would be pickled by
-    value, without their registration), in first-seen order."""
+    """The node types of ``treedef`` a body carries, in first-seen order:
+    those (custom nodes, namedtuples) defined in an importable module other
+    than ``__main__`` (pickled by reference: a worker imports them), and
+    the plain namedtuples of the user's script (``__main__``: pickled by
+    value, with their methods; a worker finds them by name among what a
+    body carries).  A script's custom nodes are not carried: pickled by
+    value, they would lack their registration."""
     found: dict = {}
     stack = [treedef]
     while stack:
         t = stack.pop()
         data = t.node_data()
         if data is not None and data[0] not in _PLAIN_NODES and \
-                data[0] not in found and _importable(data[0]):
+                data[0] not in found and (_importable(data[0]) or
+                                          _script_namedtuple(data[0])):
             found[data[0]] = None
         stack.extend(reversed(t.children()))
     return tuple(found)
+
+
+def _script_namedtuple(cls) -> bool:
+    """A plain namedtuple class of the user's script (not registered for
+    serialization: such a one travels under its registered name)."""
+    from jax._src.export import _export as jexport
+    return getattr(cls, "__module__", None) == "__main__" and \
+        plain_namedtuple(cls) and cls not in jexport.serialization_registry
 
 
 def _importable(cls) -> bool:
@@ -142,5 +158,36 @@ def loads_body(data: bytes, device_resolver=None):
     _loading.resolver = make_resolver(device_resolver)
     try:
         return cloudpickle.loads(data)
+    finally:
+        _loading.resolver = previous
+
+
+class _CarriedUnpickler(pickle.Unpickler):
+    """Unpickles a body, keeping what ``operator.getitem`` was given (the
+    tuples a body carries beside its value)."""
+
+    def __init__(self, file):
+        super().__init__(file)
+        self.carried: list = []
+
+    def find_class(self, module, name):
+        if name == "getitem" and module in ("_operator", "operator"):
+            return self._getitem
+        return super().find_class(module, name)
+
+    def _getitem(self, obj, key):
+        self.carried.append(obj)
+        return operator.getitem(obj, key)
+
+
+def loads_body_carried(data: bytes) -> tuple:
+    """``(value, carried)``: a body unpickled (as ``loads_body`` with no
+    resolver) and the tuples it carries (see the module docstring)."""
+    previous = getattr(_loading, "resolver", None)
+    _loading.resolver = make_resolver(None)
+    try:
+        with io.BytesIO(data) as f:
+            u = _CarriedUnpickler(f)
+            return u.load(), tuple(u.carried)
     finally:
         _loading.resolver = previous

@@ -7,9 +7,12 @@ a namespace of its own (:data:`NAMESPACE`, installed as
 ``jaxcolo.codec.names.foreign_main`` by :func:`install`):
 
 * classes carried by the programs' bodies: cloudpickle carries a script's
-  classes by value, and loading the same body again gives the same class
-  object, so the function sees the very type its inputs were built with;
-* else (a function that takes such values without naming their type) a
+  classes by value (those the function names, and those of its arguments,
+  beside it: jaxcolo.colocated.body), and loading the same body again gives
+  the same class object, so the function sees the very type its inputs
+  were built with;
+* else (a body from an older controller, which carries only what the
+  function names) a
   namedtuple made from the payload's name and fields, once per name and
   fields (made only while :meth:`MainTypes.making` is active: the worker
   looks at the program's body first, and again when a program decoded
@@ -34,7 +37,7 @@ import types
 
 from jaxcolo import envelope
 from jaxcolo.codec.names import is_namedtuple
-from jaxcolo.colocated.body import loads_body
+from jaxcolo.colocated.body import loads_body_carried
 from jaxcolo.colocated.program import decode_program, read_program
 from jaxcolo.errors import PayloadError, UnregisteredError
 
@@ -197,7 +200,7 @@ def decode_importing(payload: bytes, inflation=None):
     try:
         with envelope.inflation_scope(start and start.copy()):
             body = read_program(payload).body
-        names.collect(loads_body(body))
+        names.collect(loads_body_carried(body))
     except Exception:  # noqa: BLE001 - the first error says more
         if first is None:
             return prog
