@@ -87,6 +87,13 @@ def raise_with_cause(x):
         raise Coded(3, where="the lookup") from e
 
 
+def raise_while_handling(x):
+    try:
+        {}["missing"]
+    except KeyError:
+        raise Coded(4, where="the handler")  # its __context__: the KeyError
+
+
 class MissingKey(Exception):
     """An exception whose __init__ formats its one argument."""
 

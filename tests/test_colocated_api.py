@@ -612,6 +612,21 @@ def test_exceptions_keep_their_cause(executor):
     assert type(cause) is KeyError and cause.args == ("missing",)
 
 
+def test_exceptions_keep_their_context(executor):
+    """An exception raised while another was handled: the caller's has
+    that one as its __context__, as in JAX (ProcessExecutor dropped it)."""
+    from tests import colocated_types as ct
+
+    f = jaxcolo.colocated_python(ct.raise_while_handling).specialize(
+        out_specs_fn=lambda x: x)
+    with pytest.raises(ct.Coded, match="error 4 at the handler") as info:
+        f(put(1, cpu_devices()[0]))
+    context = info.value.__context__
+    assert type(context) is KeyError and context.args == ("missing",)
+    assert info.value.__cause__ is None
+    assert "__context__" not in vars(info.value)
+
+
 def test_submit_returns_futures(executor):
     f = jaxcolo.colocated_python(add_one_tree)
     x = put(1, cpu_devices()[0])

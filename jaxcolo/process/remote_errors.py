@@ -87,9 +87,16 @@ def _reference(cls: type):
     return tracked_exception_class, (tracker_id,)
 
 
+# The key in ``state`` under which an exception's ``__context__`` (the one
+# being handled when it was raised) travels: controllers that do not know
+# it put it in the exception's __dict__, where it hides nothing.
+_CONTEXT = "__context__"
+
+
 def rebuild_exception(cls, args, state, cause=None):
     """An exception of class ``cls`` with ``args``, attributes ``state`` (a
-    dict or None) and ``__cause__`` (``raise ... from cause``)."""
+    dict or None; its ``__context__`` entry, if any, is the exception's
+    ``__context__``) and ``__cause__`` (``raise ... from cause``)."""
     if not _is_exception_class(cls) or not isinstance(args, tuple):
         raise pickle.UnpicklingError("not an exception")
     try:
@@ -97,8 +104,14 @@ def rebuild_exception(cls, args, state, cause=None):
     except Exception:  # noqa: BLE001 - __init__ wants other arguments
         exc = cls.__new__(cls, *args)
     exc.args = args
+    context = None
     if state:
+        if isinstance(state, dict) and _CONTEXT in state:
+            state = dict(state)
+            context = state.pop(_CONTEXT)
         exc.__dict__.update(state)
+    if isinstance(context, BaseException):
+        exc.__context__ = context
     if isinstance(cause, BaseException):
         exc.__cause__ = cause
     return exc
@@ -112,7 +125,8 @@ def _default_pickling(cls) -> bool:
 
 class _ExceptionPickler(pickle.Pickler):
     """Pickles exception classes by reference; ``causes``: exceptions
-    rebuilt by rebuild_exception keep their ``__cause__``."""
+    rebuilt by rebuild_exception keep their ``__cause__`` and
+    ``__context__``."""
 
     def __init__(self, out, causes: bool):
         super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
@@ -124,6 +138,8 @@ class _ExceptionPickler(pickle.Pickler):
         if isinstance(obj, Exception) and _default_pickling(type(obj)):
             state = getattr(obj, "__dict__", None) or None
             cause = obj.__cause__ if self.causes else None
+            if self.causes and obj.__context__ is not None:
+                state = dict(state or (), **{_CONTEXT: obj.__context__})
             if cause is None:  # (what controllers before version 7 take)
                 return rebuild_exception, (type(obj), obj.args, state)
             return rebuild_exception, (type(obj), obj.args, state, cause)
