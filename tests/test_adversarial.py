@@ -504,6 +504,21 @@ def test_nested_max_min_over_many_names_is_counted():
         assert time.perf_counter() - t < 5
 
 
+def test_a_held_scope_keeps_no_bounds_of_later_decodes():
+    """Payloads without scope tokens (written for readers before v6) parse
+    their dims in the live scope of their constraints: while the
+    application held one, every decode added its dims' bounds to JAX's
+    cache in that scope for good (~2 KB per payload, no bound)."""
+    payloads = [jaxcolo.serialize(jax.ShapeDtypeStruct(export.symbolic_shape(
+        f"max(a{i}, b{i} + {i}) + max(c{i}, 2*d{i})"), np.float32),
+        version=5) for i in range(700)]
+    held = jaxcolo.deserialize(payloads[0])
+    scope = held.shape[0].scope
+    for p in payloads[1:]:
+        assert jaxcolo.deserialize(p).shape[0].scope is scope
+    assert 0 < len(scope._bounds_cache) <= 1024  # symbolic.MAX_CACHED_BOUNDS
+
+
 def test_costly_symbolic_text_within_limits_round_trips():
     """What the limits allow (4 nested max/min, 8 factors) is written and
     read back, and a payload of many distinct costly expressions is refused

@@ -210,9 +210,28 @@ def _run_charged(fn, buf, what: str, path: str):
     return out
 
 
+# Bounds JAX caches in a scope, past which a parse that added some clears
+# them: a scope may outlive a decode (one the application holds, which
+# readers reuse for payloads naming it), and each decode's dims would add
+# their bounds there for good (~1 KB each).  JAX clears them itself at
+# times; they are only a cache.
+MAX_CACHED_BOUNDS = 1024
+
+
 def parse_shape(text: str, scope, buf, path: str) -> tuple:
     """``shape_poly.symbolic_shape(text, scope=scope)``, bounded; charged to
     ``buf`` (a wire.Buffer, or None).  PayloadError for any bad text."""
+    cache = getattr(scope, "_bounds_cache", None)
+    before = len(cache) if cache is not None else 0
+    try:
+        return _parse_shape(text, scope, buf, path)
+    finally:
+        if cache is not None and before < len(cache) and \
+                len(cache) > MAX_CACHED_BOUNDS:
+            cache.clear()
+
+
+def _parse_shape(text: str, scope, buf, path: str) -> tuple:
     counted = _charge(buf, text, path, bits_of_scope(scope))
     try:
         if counted and buf is None:  # bounded as a writer's trial
