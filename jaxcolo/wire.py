@@ -93,9 +93,17 @@ def _too_many_reads(path, name):
           "payload size (vectors shared by many tables or entries)")
 
 
-def parse_budget(size: int) -> int:
+# A deflated body is charged for at most this many times its stored bytes
+# (junk deflates 256x, symbolic text as writers write it far less).
+STORED_PARSE_RATIO = 8
+
+
+def parse_budget(size: int, stored: int | None = None) -> int:
     """Parse units (~3.5 us each, see codec.symbolic) a reader allows a
-    flatbuffer of ``size`` bytes; the spec writer refuses payloads over it."""
+    flatbuffer of ``size`` bytes (``stored`` in the payload, if deflated);
+    the writers refuse payloads over it."""
+    if stored is not None and stored < size:
+        size = min(size, STORED_PARSE_RATIO * stored)
     return 12 * size + 65536
 
 
@@ -113,13 +121,13 @@ class Buffer:
     __slots__ = ("data", "size", "visits_left", "parse_left", "reads_left",
                  "strs", "memo")
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, stored: int | None = None):
         self.data = data
         self.size = len(data)
         # A table takes >= 4 bytes, so size/4 tables at most: allow 4 visits
         # each (decoders make one or two passes), plus slack.
         self.visits_left = self.size + 4096
-        self.parse_left = parse_budget(self.size)
+        self.parse_left = parse_budget(self.size, stored)
         # Vector elements handed out.  Several tables (or entries of one
         # vector) may point at the same vector: without a budget, re-reading
         # it once per reference would cost entries x length.  A decoder

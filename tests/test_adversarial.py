@@ -519,6 +519,29 @@ def test_a_held_scope_keeps_no_bounds_of_later_decodes():
     assert 0 < len(scope._bounds_cache) <= 1024  # symbolic.MAX_CACHED_BOUNDS
 
 
+def test_parse_budget_of_a_deflated_body_follows_its_stored_size():
+    """A body deflated 256x was allowed parse work by its inflated size:
+    ~10 ms of JAX's work per stored byte.  A deflated body is charged for
+    at most 8x its stored bytes now; a writer whose text needs more stores
+    the body plain, and the same body deflated is refused."""
+    tail = " + ".join(f"n{k}" for k in range(100))
+    scope = export.symbolic_shape("n0")[0].scope
+    specs = [jax.ShapeDtypeStruct(export.symbolic_shape(
+        f"a{i} + {tail}", scope=scope), np.float32) for i in range(200)]
+    data = jaxcolo.serialize(specs)
+    assert data == jaxcolo.serialize(specs, compress=False)  # plain
+    assert jaxcolo.deserialize(data) == specs
+    header = envelope.read_header(data)
+    body = data[envelope.HEADER_SIZE:]
+    deflated = envelope.seal(body, header.root_kind, header.writer_version,
+                             header.min_reader_version, compress=True)
+    assert 8 * len(deflated) < len(body)  # wire.STORED_PARSE_RATIO
+    memo.clear()
+    with pytest.raises(jaxcolo.PayloadError, match=r"out of proportion to "
+                       r"the payload size"):
+        jaxcolo.deserialize(deflated)
+
+
 def test_costly_symbolic_text_within_limits_round_trips():
     """What the limits allow (4 nested max/min, 8 factors) is written and
     read back, and a payload of many distinct costly expressions is refused

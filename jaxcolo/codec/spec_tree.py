@@ -204,16 +204,25 @@ def build_tables(writer: core.Writer, builder) -> dict:
     return offsets
 
 
-def _check_parse_budget(writer, size: int) -> None:
-    """EncodeError when a reader would refuse the payload's symbolic text as
-    out of proportion to its size (many distinct costly expressions)."""
+def _seal_within_parse_budget(writer, body, version, compress) -> bytes:
+    """The payload of ``body``; EncodeError when a reader would refuse its
+    symbolic text as out of proportion to its size (many distinct costly
+    expressions).  Deflated, a body's budget follows its stored size too:
+    where that refuses it, it is stored plain."""
     cost = sum(writer.parsed.values())
-    if cost > parse_budget(size):
+    data = envelope.seal(body, RootKind.spec_tree, version,
+                         writer.min_reader, compress)
+    stored = len(data) - envelope.HEADER_SIZE
+    if cost > parse_budget(len(body), stored) and stored < len(body):
+        data = envelope.seal(body, RootKind.spec_tree, version,
+                             writer.min_reader, False)
+    if cost > parse_budget(len(body)):
         raise EncodeError(
             f"the symbolic dimensions cost {cost} parse units, more than a "
-            f"reader allows a {size}-byte payload ({parse_budget(size)}): "
-            "use fewer distinct nested max/min expressions or long products",
-            "$")
+            f"reader allows a {len(body)}-byte payload "
+            f"({parse_budget(len(body))}): use fewer distinct nested "
+            "max/min expressions or long products", "$")
+    return data
 
 
 def _check_copy_budget(writer, flat, size: int) -> None:
@@ -258,12 +267,13 @@ def encode_spec_tree(obj, version: int | None = None,
         _ADDERS[name](builder, off)
     builder.Finish(fb.SpecTreeEnd(builder))
     body = builder.Output()
-    if writer.parsed:
-        _check_parse_budget(writer, len(body))
     if flat.copies > 1 << 19 or "treedefs" in writer.uniques:
         _check_copy_budget(writer, flat, len(body))
-    data = envelope.seal(body, RootKind.spec_tree, version,
-                         writer.min_reader, compress)
+    if writer.parsed:
+        data = _seal_within_parse_budget(writer, body, version, compress)
+    else:
+        data = envelope.seal(body, RootKind.spec_tree, version,
+                             writer.min_reader, compress)
     if writer.items("scopes"):  # each encode notes its scopes (scopes.py)
         key = None
     memo.remember_encoded(key, leaves, data, len(body))
@@ -308,7 +318,8 @@ def open_spec_tree(data, reader_version=None, header=None):
         raise PayloadError(
             f"root kind {header.root_kind} is not a spec tree",
             "$.header.root_kind")
-    buf = Buffer(envelope.open_body(data, header))
+    buf = Buffer(envelope.open_body(data, header),
+                 len(data) - envelope.HEADER_SIZE)
     return header, buf, buf.root("$")
 
 
