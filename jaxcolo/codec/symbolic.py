@@ -28,26 +28,32 @@ both sides:
   at most :data:`MAX_MINMAX_FACTORS` factors inside a max/min, nested
   max/min within :data:`MAX_NESTED_GROUP_TEXT` characters, at most
   :data:`MAX_TERMS` terms multiplied out) is charged by it: its length,
-  plus each exponent and each max/min group, in units of about 3.5 us, to
+  plus each exponent and term, in units of about 3.5 us, to
   its buffer's parse budget (:meth:`jaxcolo.wire.Buffer.charge_parse`,
   :func:`jaxcolo.wire.parse_budget`), so the total parse work stays
   proportional to the payload size even when one string is referenced
   from many places; the spec writer adds up the same charges and refuses a
   payload a reader would refuse;
+* text with max/min is parsed with JAX's work counted too, as below: the
+  model charges a max/min group by its length (as readers before this
+  did; writers charge the larger of the two), but JAX's work on it grows
+  with the names and terms of its operands (113 characters of nested
+  max/min over sums of 7 names take 16 s);
 * text past the model (JAX writes such dims: ``a^17`` for a reshape of a
   rank-17 array, ``min(n0, n0 + ... + n29)`` for a slice of a
   concatenation) is charged its length and parsed with JAX's work counted,
-  as below.
+  as below (readers before version 9 refuse it).
 
 Constraints are what no text cost can model: JAX's decision
 procedure combines them by elimination, and chained constraints
 (``v0 >= v1 + v2``, ``v1 >= v2 + v3``, ...) make its work exponential in their
 number (6 of them: >10**7 steps for one ``max``).  So whatever JAX does inside
 a scope that has constraints (building it, parsing a dim in it), and its
-parse of text past the model, is counted as
+parse of text with max/min or past the model, is counted as
 it runs (:mod:`jaxcolo.codec.counted`: Python calls and returns), charged to the same parse budget (:data:`EVENTS_PER_UNIT` per unit)
 and stopped at the budget.  The writer runs the same parses in a fresh scope
-and charges twice what it counted; a reader gives the first such work of a
+and charges twice what it counted (without constraints, where JAX's work is
+the same each time, :data:`FREE_TRIAL_MARGIN` times); a reader gives the first such work of a
 payload :data:`COLD_START_EVENTS` free (JAX's first constrained scope in a
 process costs more).  JAX's work there varies from run to run (it iterates
 sets), so the margins make a refusal by a reader unlikely, not impossible,
