@@ -648,6 +648,21 @@ with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
     dv = double(Vec(x, x))  # its methods all the same (it is carried)
     norm2 = jaxcolo.colocated_python(lambda v: v.norm2())
     print("methods", type(dv) is Vec, int(dv.y), int(norm2(Vec(x, x))))
+    total = jaxcolo.colocated_python(lambda w: w.total())
+
+    class W(typing.NamedTuple):
+        a: jax.Array
+
+        def total(self):
+            return self.a + 1
+    first = int(total(W(x)))
+
+    class W(typing.NamedTuple):  # a notebook cell edited and run again
+        a: jax.Array
+
+        def total(self):
+            return self.a + 100
+    print("edited", first, int(total(W(x))))
 '''
 
 
@@ -657,13 +672,15 @@ def test_a_scripts_namedtuples_work_on_workers(tmp_path):
     class the body carries (also named only in nested code, also redefined
     with other fields; a namedtuple of the arguments is carried even when
     the function does not name it: one made from the payload's fields had
-    none of its methods, so ``v + v`` concatenated tuples)."""
+    none of its methods, so ``v + v`` concatenated tuples; and a class
+    redefined with the same fields is the new one, not the one an earlier
+    program carried)."""
     script = tmp_path / "script.py"
     script.write_text(_SCRIPT_TYPES)
     out = subprocess.run([sys.executable, str(script)], capture_output=True,
                          text=True, timeout=240,
                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:7] == [
+    assert out.stdout.split("\n")[:8] == [
         "in 2", "out True 2", "same True 2", "named 2", "nested True",
-        "redefined 2", "methods True 2 2"]
+        "redefined 2", "methods True 2 2", "edited 2 101"]

@@ -81,10 +81,10 @@ class MainTypes:
             elif isinstance(x, (types.MethodType, classmethod, staticmethod)):
                 stack.append(x.__func__)
         with self._lock:
-            for t in found:
-                if len(self._collected) < MAX_TYPES:
-                    self._collected[(f"__main__:{t.__qualname__}",
-                                     tuple(t._fields))] = t
+            for t in found:  # (a redefined class replaces the earlier one)
+                key = (f"__main__:{t.__qualname__}", tuple(t._fields))
+                if key in self._collected or len(self._collected) < MAX_TYPES:
+                    self._collected[key] = t
 
     @contextlib.contextmanager
     def making(self):
@@ -99,8 +99,8 @@ class MainTypes:
     @contextlib.contextmanager
     def watching(self):
         """Yields a list that gets an entry each time a lookup in the
-        block (this thread) answers with a namedtuple made here, not a
-        body's class."""
+        block (this thread) answers (with a body's class, or a namedtuple
+        made here)."""
         used: list = []
         previous = getattr(self._local, "used", None)
         self._local.used = used
@@ -117,9 +117,8 @@ class MainTypes:
         key = (name, tuple(fields))
         with self._lock:
             t = self._collected.get(key)
-            if t is not None:
-                return t
-            t = self._made.get(key)
+            if t is None:
+                t = self._made.get(key)
             if t is None and getattr(self._local, "making", False):
                 t = _make_namedtuple(name, key[1])
                 if len(self._made) < MAX_TYPES:
@@ -179,7 +178,9 @@ def install() -> None:
 
 def decode_importing(payload: bytes, inflation=None):
     """decode_program; when its specs name a namedtuple or registered
-    pytree node this process has not seen yet, once more after unpickling
+    pytree node this process has not seen yet, or a class of the
+    controller's script (which may have been redefined since an earlier
+    program carried it), once more after unpickling
     the body, which imports the modules it refers to (where the type is
     defined, or registered) and carries the classes of the controller's
     script (see above); then, for those it does not carry, with
@@ -190,11 +191,11 @@ def decode_importing(payload: bytes, inflation=None):
     start = inflation.copy() if inflation is not None else None
     names = NAMESPACE
     try:
-        with envelope.inflation_scope(inflation), names.watching() as made:
+        with envelope.inflation_scope(inflation), names.watching() as named:
             prog = decode_program(payload)
-        if not made:
+        if not named:
             return prog
-        first = None  # made classes: the body may carry the script's own
+        first = None  # the script's classes: those this body carries win
     except UnregisteredError as e:
         first = e
     try:
