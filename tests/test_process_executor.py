@@ -1933,3 +1933,27 @@ def test_a_send_that_finds_the_worker_gone_declares_it_lost():
                 assert int(f(x)) == 3  # waits for the restart
         assert ex.stats()["restarts"] == 3
     assert failed, "no call met the dead connection: the test tested nothing"
+
+
+@pytest.mark.parametrize("context", ["numpy key", "over the size limit"])
+def test_a_context_that_cannot_travel_costs_only_itself(context):
+    """An exception raised while handling another (its __context__ travels)
+    came back as an ExecutorError when the controller could not rebuild the
+    context (a KeyError of a numpy key), or lost its attributes when the
+    context took it over the size limit; only the context is dropped now."""
+    from jaxcolo.process import remote_errors
+    from tests import colocated_types as ct
+
+    try:
+        try:
+            if context == "numpy key":
+                {}[np.int64(6)]
+            raise ValueError("x" * (remote_errors.MAX_ERROR_PICKLE + 1))
+        except (KeyError, ValueError):
+            raise ct.Coded(5, where="the handler")
+    except ct.Coded as e:
+        msg = remote_errors.error_message(1, e, "w", versions.SCHEMA_VERSION)
+    back = remote_errors.loads_exception(msg.error_pickle)
+    assert type(back) is ct.Coded and back.code == 5
+    assert back.args == ("error 5 at the handler",)
+    assert back.__context__ is None

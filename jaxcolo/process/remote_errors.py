@@ -124,13 +124,14 @@ def _default_pickling(cls) -> bool:
 
 
 class _ExceptionPickler(pickle.Pickler):
-    """Pickles exception classes by reference; ``causes``: exceptions
-    rebuilt by rebuild_exception keep their ``__cause__`` and
-    ``__context__``."""
+    """Pickles exception classes by reference; exceptions rebuilt by
+    rebuild_exception keep their ``__cause__`` (if ``causes``) and their
+    ``__context__`` (if ``contexts``)."""
 
-    def __init__(self, out, causes: bool):
+    def __init__(self, out, causes: bool, contexts: bool = False):
         super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
         self.causes = causes
+        self.contexts = contexts and causes
 
     def reducer_override(self, obj):
         if isinstance(obj, type) and issubclass(obj, BaseException):
@@ -138,7 +139,7 @@ class _ExceptionPickler(pickle.Pickler):
         if isinstance(obj, Exception) and _default_pickling(type(obj)):
             state = getattr(obj, "__dict__", None) or None
             cause = obj.__cause__ if self.causes else None
-            if self.causes and obj.__context__ is not None:
+            if self.contexts and obj.__context__ is not None:
                 state = dict(state or (), **{_CONTEXT: obj.__context__})
             if cause is None:  # (what controllers before version 7 take)
                 return rebuild_exception, (type(obj), obj.args, state)
@@ -158,17 +159,16 @@ class _ExceptionUnpickler(pickle.Unpickler):
                                      "remote exception")
 
 
-def _dumps(obj, causes: bool = True) -> bytes | None:
-    """``obj`` pickled with its exceptions' causes (if ``causes``), or
-    without them if a cause does not pickle (None if even that fails)."""
-    for causes in ((True, False) if causes else (False,)):
-        out = io.BytesIO()
-        try:
-            _ExceptionPickler(out, causes).dump(obj)
-        except Exception:  # noqa: BLE001 - args that do not pickle, a
-            continue       # cycle of causes (RecursionError), ...
-        return out.getvalue()
-    return None
+def _dumps(obj, causes: bool = False, contexts: bool = False
+           ) -> bytes | None:
+    """``obj`` pickled (with its exceptions' causes and contexts, if told),
+    or None if it does not pickle."""
+    out = io.BytesIO()
+    try:
+        _ExceptionPickler(out, causes, contexts).dump(obj)
+    except Exception:  # noqa: BLE001 - args that do not pickle, a cycle
+        return None    # of causes (RecursionError), ...
+    return out.getvalue()
 
 
 class _Clipped:
@@ -184,17 +184,28 @@ class _Clipped:
 def dumps_exception(e: BaseException, limit: int | None = None,
                     text: str | None = None,
                     causes: bool = True) -> bytes | None:
-    """``e`` pickled for ``loads_exception`` (with its causes unless told
-    not: controllers before version 7 cannot rebuild them); None if it
-    cannot be.  Over ``limit`` bytes: its class with ``text`` as its only
-    arg instead (None if that is over the limit too, or no text is
-    given)."""
-    data = _dumps(e, causes)
-    if data is None:  # holds what does not pickle: type name and text
-        return None
-    if limit is None or len(data) <= limit:
-        return data
-    if text is None or not isinstance(e, Exception):
+    """``e`` pickled for ``loads_exception`` with its causes and contexts
+    (unless told not: controllers before version 7 cannot rebuild them),
+    else without its contexts, else without both -- the first that pickles,
+    fits in ``limit`` bytes and that ``loads_exception`` takes back (a
+    context or cause holding what it refuses, numpy values say, costs only
+    itself); None if none does (what the exception itself holds does not
+    pickle or load: type name and text).  Over ``limit`` bytes at every
+    level: its class with ``text`` as its only arg instead (None if that is
+    over the limit too, or no text is given)."""
+    levels = ((True, True), (True, False), (False, False)) if causes \
+        else ((False, False),)
+    too_large = False
+    for with_causes, with_contexts in levels:
+        data = _dumps(e, with_causes, with_contexts)
+        if data is None:
+            continue
+        if limit is not None and len(data) > limit:
+            too_large = True
+            continue
+        if loads_exception(data) is not None:
+            return data
+    if not too_large or text is None or not isinstance(e, Exception):
         return None
     data = _dumps(_Clipped(type(e), text))
     return data if data is not None and len(data) <= limit else None
