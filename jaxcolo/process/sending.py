@@ -178,12 +178,13 @@ class CallSending:
                 f"{plan.name}: call timed out after {limit[1]}s while its "
                 f"inputs were copied into shared memory ({e}); it was not "
                 "sent"))
-        except ConnectionLost as e:  # the worker is gone: later calls
-            call.send_broken = True    # wait for its restart (this one
-            link.lost(f"{e} (sending a call)")  # fails: not retried)
-            self._fail_pending(call_id, ExecutorError(
+        except ConnectionLost as e:  # the worker is gone: this call
+            call.send_broken = True    # fails (not retried), later calls
+            self._fail_pending(call_id, ExecutorError(  # wait for its
                 f"{link.describe} was lost before the call could be sent "
-                f"({e}); it was not sent"))
+                f"({e}); {'its part for that host' if ordered else 'it'} "
+                "was not sent"))
+            link.lost(f"{e} (sending a call)")  # restart
         except ExecutorError as e:
             call.send_broken = True
             self._fail_pending(call_id, ExecutorError(
