@@ -10,7 +10,8 @@ def check_readable(data, reader_version: int) -> tuple[bool, str]:
     """(ok, reason).  Checks the envelope against the reader's version range
     (the same rule readers apply), then decodes the content with this
     library's own decoder (the one ``jaxcolo.deserialize`` uses; program
-    bodies are not loaded).  Content naming devices or registrations this
+    bodies are not loaded) and walks every table as ``inspect`` does (a
+    field the decoded objects do not use may be malformed too).  Content naming devices or registrations this
     process lacks is checked up to there and said so.  For a JAX export
     payload (no jaxcolo magic), ``reader_version`` is a JAX serialization
     version."""
@@ -45,6 +46,11 @@ def check_readable(data, reader_version: int) -> tuple[bool, str]:
                            f"{versions.SCHEMA_VERSION} ({e})")
         except PayloadError as e:
             return False, f"malformed payload: {e}"
+    try:  # every table, also those the decoded objects do not use (as
+        from jaxcolo.inspection import inspect  # inspect walks them)
+        inspect(data)
+    except PayloadError as e:
+        return False, f"malformed payload: {e}"
     # Features readers read whatever the header says (earlier writers
     # stamped them readable by older readers, which refuse them).
     for feature in sorted(used, key=versions.FEATURE_SINCE.get):

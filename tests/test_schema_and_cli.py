@@ -379,3 +379,30 @@ def test_jax_format_copy_keeps_jax_types_and_defaults(tmp_path, old, new):
                                            "export.fbs")
     problems = check_schema.compare_writers_with_jax(module)
     assert problems and all("JAX's writes" in p for p in problems), problems
+
+
+def test_check_refuses_what_inspect_refuses():
+    """A field the decoded objects do not use (a mesh table's vtable entry
+    pointing out of its table) passed deserialize, so `check` said
+    readable where `inspect` said invalid; check walks every table too."""
+    import struct
+    import zlib
+    from jaxcolo.checking import check_readable
+
+    data = jaxcolo.serialize({"a": jax.ShapeDtypeStruct((2, 3), np.float32),
+                              "p": jax.sharding.PartitionSpec("x")},
+                             compress=False)
+    found = 0
+    for i in range(16, len(data) - 1, 2):
+        for v in (0xFFFF, 0):
+            body = data[16:i] + struct.pack("<H", v) + data[i + 2:]
+            mutant = data[:12] + struct.pack("<I", zlib.crc32(body)) + body
+            try:
+                jaxcolo.inspect(mutant)
+                continue
+            except jaxcolo.PayloadError as e:
+                refused = str(e)
+            ok, why = check_readable(mutant, jaxcolo.SCHEMA_VERSION)
+            assert not ok and why == f"malformed payload: {refused}", why
+            found += 1
+    assert found
