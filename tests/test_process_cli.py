@@ -527,6 +527,7 @@ def test_a_host_lost_while_others_run_a_multi_host_call_starts_their_watch(
     (["--device-map", "0,0,1,2,3,4,5,6"], "ids must be distinct"),
     (["--device-map", "a,b"], "--device-map needs 1 blocks of 8 ids"),
     (["--max-version", "99"], "not within this jaxcolo's"),
+    (["--max-version", "2"], "--max-version must be >= 3 (executor calls"),
     (["--listen", "127.0.0.1:99999"], "is not HOST:PORT"),
     (["--num-hosts", "2", "--host-index", "1", "--coordinator", "foo"],
      "needs --coordinator HOST:PORT"),

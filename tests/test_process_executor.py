@@ -1453,6 +1453,12 @@ def test_unowned_devices_and_bad_arguments():
         jaxcolo.ProcessExecutor(num_hosts=3)
     with pytest.raises(ValueError, match="needs authkey"):
         jaxcolo.ProcessExecutor(addresses=["127.0.0.1:1"])
+    # (were "min() arg is an empty sequence", and a str taken per character)
+    with pytest.raises(ValueError, match="addresses is empty"):
+        jaxcolo.ProcessExecutor(addresses=[], authkey=b"k")
+    with pytest.raises(TypeError, match="addresses must be a list of "
+                       r"'HOST:PORT' .* not a str$"):
+        jaxcolo.ProcessExecutor(addresses="127.0.0.1:5000", authkey=b"k")
 
 
 def test_concurrent_multi_host_calls_from_several_threads(two_hosts):

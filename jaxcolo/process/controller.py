@@ -156,8 +156,18 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         if (num_hosts is None) == (addresses is None):
             raise ValueError("give either num_hosts (start workers) or "
                              "addresses (connect to running workers)")
-        if addresses is not None and not authkey:
-            raise ValueError("connecting to running workers needs authkey")
+        if addresses is not None:
+            if isinstance(addresses, (str, bytes)):
+                raise TypeError("addresses must be a list of 'HOST:PORT' (or "
+                                "'unix:PATH') strings, one per running "
+                                f"worker, not a {type(addresses).__name__}")
+            addresses = list(addresses)
+            if not addresses:
+                raise ValueError("addresses is empty: give one 'HOST:PORT' "
+                                 "per running worker")
+            if not authkey:
+                raise ValueError("connecting to running workers needs "
+                                 "authkey")
         if authkey is not None and not isinstance(authkey, bytes):
             raise TypeError(f"authkey must be bytes, not "
                             f"{type(authkey).__name__}")

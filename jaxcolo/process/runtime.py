@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-version", type=int, default=None,
                    help="newest payload version to speak (tests of skew)")
     p.add_argument("--ready-fd", type=int, default=None,
-                   help="write 'READY HOST:PORT' to this fd, not stdout")
+                   help=f"write '{READY} HOST:PORT' to this fd, not stdout")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="exit when this process is no longer the parent")
     p.add_argument("--exit-with-controller", action="store_true",
@@ -127,6 +127,7 @@ def device_blocks(text: str | None, num_hosts: int, local: int) -> list:
 def check_arguments(args) -> None:
     """SystemExit with a one-line reason for arguments the worker could
     start with but never serve (checked before JAX starts)."""
+    from jaxcolo import versions
     from jaxcolo.transport import channel, handshake
 
     def bad(text):
@@ -151,6 +152,10 @@ def check_arguments(args) -> None:
                               max_version=args.max_version)
     except ValueError as e:
         bad(f"--min-version/--max-version: {e}")
+    need = versions.FEATURE_SINCE["message"]
+    if args.max_version is not None and args.max_version < need:
+        bad(f"--max-version must be >= {need} (executor calls need version "
+            f">= {need}), got {args.max_version}")
     try:
         channel.parse_address(args.listen)
     except (ValueError, OverflowError) as e:
