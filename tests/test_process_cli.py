@@ -142,6 +142,37 @@ def test_worker_command_serves_controllers_one_after_another(keyfile):
         proc.wait(10)
 
 
+def test_ipv6_loopback_addresses(keyfile):
+    """[::1]:PORT was refused by the worker ('Name or service not known')
+    and by the controller; bare ::1:PORT is refused as ambiguous."""
+    import socket
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    r = subprocess.run(
+        [sys.executable, "-m", "jaxcolo.cli", "worker", "--authkey-file",
+         str(keyfile), "--listen", "::1:0"], capture_output=True, text=True,
+        timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode != 0 and "an IPv6 address goes in brackets" in \
+        r.stderr, r.stderr
+    proc = _start(keyfile, "--listen", "[::1]:0")
+    try:
+        line = proc.stdout.readline()
+        assert " listening on [::1]:" in line, line
+        f = jaxcolo.colocated_python(lambda x: x * 3).specialize(
+            out_specs_fn=lambda x: x)
+        x = jax.device_put(np.arange(4.0), cpu_devices()[2])
+        with jaxcolo.ProcessExecutor(addresses=[line.split()[-1]],
+                                     authkey=keyfile.read_bytes()) as ex, \
+                jaxcolo.use_executor(ex):
+            np.testing.assert_array_equal(jax.device_get(f(x)),
+                                          np.arange(4.0) * 3)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_a_terminated_worker_command_removes_its_segments(keyfile):
     """SIGTERM stops a ``jaxcolo worker`` at once (os._exit): a result's
     segment the controller had not released yet stayed in tmpfs."""

@@ -36,8 +36,9 @@ MAX_AUTHKEY = 1 << 16
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default="127.0.0.1:0",
                    help="HOST:PORT to listen on (default 127.0.0.1:0, "
-                        "port 0: any free port), or unix:PATH for a "
-                        "Unix-domain socket (same machine)")
+                        "port 0: any free port; an IPv6 HOST in brackets, "
+                        "[::1]:0), or unix:PATH for a Unix-domain socket "
+                        "(same machine)")
     p.add_argument("--authkey-file", required=True,
                    help="file whose bytes, verbatim, are the shared key "
                         "('-': read stdin to EOF)")

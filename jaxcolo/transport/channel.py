@@ -87,12 +87,22 @@ def parse_address(text: str) -> tuple[str, int] | str:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"address {text!r} is not HOST:PORT (port 0..65535) "
                          "or unix:PATH")
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 literal
+        host = host[1:-1]
+        if ":" not in host:
+            raise ValueError(f"address {text!r}: only IPv6 addresses go in "
+                             "brackets")
+    elif ":" in host:
+        raise ValueError(f"address {text!r}: an IPv6 address goes in "
+                         "brackets, [ADDRESS]:PORT")
     return host or "127.0.0.1", int(port)
 
 
 def format_address(address) -> str:
-    return (UNIX_PREFIX + address if isinstance(address, str)
-            else f"{address[0]}:{address[1]}")
+    if isinstance(address, str):
+        return UNIX_PREFIX + address
+    host = f"[{address[0]}]" if ":" in address[0] else address[0]
+    return f"{host}:{address[1]}"
 
 
 class FrameTooLarge(ExecutorError):

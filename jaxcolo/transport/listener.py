@@ -70,7 +70,8 @@ class Listener:
                 raise
             self._path = self.address = address
         else:
-            self._sock = socket.create_server(address)
+            self._sock = socket.create_server(address, family=(
+                socket.AF_INET6 if ":" in address[0] else socket.AF_INET))
             self.address = self._sock.getsockname()[:2]
         self._authkey = authkey
         self._hello_fn = hello_fn
