@@ -476,16 +476,20 @@ def test_legitimate_jax_exports_past_the_cost_model_are_read():
     assert jaxcolo.deserialize(jaxcolo.serialize(specs)) == specs
 
 
-def test_nested_max_min_over_many_names_is_counted():
+@pytest.mark.parametrize("costly", [
+    ("min(min(min(max(c+7*f+3*b+5*g+3*a+e+d,5*g+3*b+5*f+2*c+a),"
+     "7*c+2*e+7*a+5*d+5*f),3*b+5*e+3*f+d+7*a),7*g+d+7*c+3*b+a)"),
+    "max(" + " + ".join(f"mod(a{i}, b{i})" for i in range(18)) + ", 0)",
+], ids=["nested", "mod terms"])
+def test_max_min_is_counted(costly):
     """113 characters of nested max/min over sums of 7 names, within the
     cost model's limits, were charged by their length (~12,700 units, ~44
-    ms) but take JAX ~16 s to parse: a 215-byte payload decoded for 17 s.
+    ms) but take JAX ~16 s to parse: a 215-byte payload decoded for 17 s;
+    one max over a sum of 18 mod terms (charged ~700 units) takes 12 s.
     JAX's work on max/min is counted as it runs now, and stopped at the
     budget (spec payloads, jaxcolo.export payloads, inspect)."""
     import time
     import jaxcolo.export as jexport
-    costly = ("min(min(min(max(c+7*f+3*b+5*g+3*a+e+d,5*g+3*b+5*f+2*c+a),"
-              "7*c+2*e+7*a+5*d+5*f),3*b+5*e+3*f+d+7*a),7*g+d+7*c+3*b+a)")
     stand_in = "z" * len(costly)  # a name as long, cheap to parse
     spec = jax.ShapeDtypeStruct(export.symbolic_shape(stand_in), np.float32)
     plain = jaxcolo.serialize([spec], compress=False)

@@ -57,15 +57,14 @@ class Cost(NamedTuple):
     units: int                  # parse units the model charges
     refused: str | None = None  # why no reader parses it
     counted: bool = False       # past the model: count JAX's work
-    # JAX's work must be counted (past the model, or nested max/min: their
-    # cost grows with the names and terms of their operands, which the
-    # model's charge for a group, by its length, does not see: 113
-    # characters of nested max/min over sums of 7 names take 16 s; one
-    # level of max/min costs what the model says, ~3-5 us a unit)
+    # JAX's work must be counted (past the model, or max/min: JAX works
+    # out bounds of their operands, in time the model's charge for a group,
+    # by its length, does not see: 113 characters of nested max/min over
+    # sums of 7 names take 16 s, one max over a sum of 18 mod terms 12 s)
     work_counted: bool = False
     # what a reader charges before counting that work: ``units`` without
-    # the model's charge for nested max/min groups (readers before counting
-    # it, in releases of schema version 11 and older, charge ``units``)
+    # the model's charge for max/min groups (readers before counting it,
+    # in releases of schema version 11 and older, charge ``units``)
     read_units: int = 0
 
 
@@ -83,7 +82,7 @@ def parse_cost(text: str, name_bits: int = 0) -> Cost:
     # group; names in the current product term
     prev = prev_text = None
     group_start = 0
-    nested_minmax = False  # max/min inside a max/min
+    any_minmax = False
     groups = 0  # the model's charge for max/min groups
     toks = []  # (kind, text) of the significant tokens, for _Walk
     try:
@@ -113,7 +112,7 @@ def parse_cost(text: str, name_bits: int = 0) -> Cost:
                 opens.append((minmax, factors))
                 factors = 0
                 if minmax:
-                    nested_minmax |= inside > 0
+                    any_minmax = True
                     if not inside:
                         group, group_start = 1, tok.start[1]
                     else:
@@ -149,9 +148,9 @@ def parse_cost(text: str, name_bits: int = 0) -> Cost:
     if inside:  # unclosed: the parser will refuse it
         cost += _MINMAX_COST[min(group, MAX_MINMAX_GROUP)]
     cost += _TERM_COST * terms
-    if nested_minmax:  # JAX's work on it is counted: not charged for
+    if any_minmax:  # JAX's work on it is counted: not charged for
         return Cost(cost + groups, None, False, True, cost)
-    return Cost(cost + groups, None, False, False, cost + groups)
+    return Cost(cost, None, False, False, cost)
 
 
 def magnitude(text: str, name_bits: int = 0) -> int:

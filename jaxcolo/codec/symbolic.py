@@ -34,11 +34,12 @@ both sides:
   proportional to the payload size even when one string is referenced
   from many places; the spec writer adds up the same charges and refuses a
   payload a reader would refuse;
-* text with nested max/min is parsed with JAX's work counted too, as
-  below: the model charges a group by its length (as readers before this
-  did; writers charge the larger of the two), but JAX's work on it grows
-  with the names and terms of its operands (113 characters of nested
-  max/min over sums of 7 names take 16 s);
+* text with max/min is parsed with JAX's work counted too, as below: the
+  model charges a group by its length (as readers before this did;
+  writers charge the larger of the two), but JAX works out bounds of the
+  operands, in time growing with their names and terms (113 characters
+  of nested max/min over sums of 7 names take 16 s, one max over a sum of
+  18 mod terms 12 s);
 * text past the model (JAX writes such dims: ``a^17`` for a reshape of a
   rank-17 array, ``min(n0, n0 + ... + n29)`` for a slice of a
   concatenation) is charged its length and parsed with JAX's work counted,
@@ -49,7 +50,7 @@ procedure combines them by elimination, and chained constraints
 (``v0 >= v1 + v2``, ``v1 >= v2 + v3``, ...) make its work exponential in their
 number (6 of them: >10**7 steps for one ``max``).  So whatever JAX does inside
 a scope that has constraints (building it, parsing a dim in it), and its
-parse of text with nested max/min or past the model, is counted as
+parse of text with max/min or past the model, is counted as
 it runs (:mod:`jaxcolo.codec.counted`: Python calls and returns), charged to the same parse budget (:data:`EVENTS_PER_UNIT` per unit)
 and stopped at the budget.  The writer runs the same parses in a fresh scope
 and charges twice what it counted (without constraints, where JAX's work is
