@@ -1943,25 +1943,56 @@ def test_a_send_that_finds_the_worker_gone_declares_it_lost():
     assert failed, "no call met the dead connection: the test tested nothing"
 
 
-@pytest.mark.parametrize("context", ["numpy key", "over the size limit"])
+@pytest.mark.parametrize("context", ["numpy key", "over the size limit",
+                                     "module not imported here"])
 def test_a_context_that_cannot_travel_costs_only_itself(context):
     """An exception raised while handling another (its __context__ travels)
     came back as an ExecutorError when the controller could not rebuild the
-    context (a KeyError of a numpy key), or lost its attributes when the
+    context (a KeyError of a numpy key; a class of a module the worker
+    imported and the controller did not), or lost its attributes when the
     context took it over the size limit; only the context is dropped now."""
+    import sys
+    import types
     from jaxcolo.process import remote_errors
     from tests import colocated_types as ct
 
+    module = types.ModuleType("jaxcolo_tests_worker_only")
+    exec("class ConfigError(Exception):\n    pass", module.__dict__)
+    sys.modules[module.__name__] = module
     try:
         try:
-            if context == "numpy key":
-                {}[np.int64(6)]
-            raise ValueError("x" * (remote_errors.MAX_ERROR_PICKLE + 1))
-        except (KeyError, ValueError):
-            raise ct.Coded(5, where="the handler")
-    except ct.Coded as e:
-        msg = remote_errors.error_message(1, e, "w", versions.SCHEMA_VERSION)
+            try:
+                if context == "numpy key":
+                    {}[np.int64(6)]
+                if context == "module not imported here":
+                    raise module.ConfigError("bad config")
+                raise ValueError("x" * (remote_errors.MAX_ERROR_PICKLE + 1))
+            except Exception:
+                raise ct.Coded(5, where="the handler")
+        except ct.Coded as e:
+            msg = remote_errors.error_message(1, e, "w",
+                                              versions.SCHEMA_VERSION)
+    finally:
+        del sys.modules[module.__name__]  # (the controller never had it)
     back = remote_errors.loads_exception(msg.error_pickle)
     assert type(back) is ct.Coded and back.code == 5
     assert back.args == ("error 5 at the handler",)
     assert back.__context__ is None
+
+
+def test_a_suppressed_context_stays_suppressed():
+    """``raise ... from None``: the context the user suppressed travelled
+    and showed in the caller's traceback ("During handling of ...")."""
+    import traceback
+    from jaxcolo.process import remote_errors
+
+    try:
+        try:
+            {}["k"]
+        except KeyError:
+            raise ValueError("clean message") from None
+    except ValueError as e:
+        msg = remote_errors.error_message(1, e, "w", versions.SCHEMA_VERSION)
+    back = remote_errors.loads_exception(msg.error_pickle)
+    assert type(back) is ValueError and back.__context__ is None
+    assert "During handling" not in "".join(traceback.format_exception(back))

@@ -88,15 +88,18 @@ def _reference(cls: type):
 
 
 # The key in ``state`` under which an exception's ``__context__`` (the one
-# being handled when it was raised) travels: controllers that do not know
-# it put it in the exception's __dict__, where it hides nothing.
+# being handled when it was raised, unless suppressed) travels, pickled on
+# its own: a context this process cannot rebuild (its class's module not
+# imported here, say) costs only itself.  Controllers that do not know the
+# key put it in the exception's __dict__, where it hides nothing.
 _CONTEXT = "__context__"
 
 
 def rebuild_exception(cls, args, state, cause=None):
     """An exception of class ``cls`` with ``args``, attributes ``state`` (a
-    dict or None; its ``__context__`` entry, if any, is the exception's
-    ``__context__``) and ``__cause__`` (``raise ... from cause``)."""
+    dict or None; its ``__context__`` entry, if any, is the pickle of the
+    exception's ``__context__``) and ``__cause__`` (``raise ... from
+    cause``)."""
     if not _is_exception_class(cls) or not isinstance(args, tuple):
         raise pickle.UnpicklingError("not an exception")
     try:
@@ -110,6 +113,8 @@ def rebuild_exception(cls, args, state, cause=None):
             state = dict(state)
             context = state.pop(_CONTEXT)
         exc.__dict__.update(state)
+    if isinstance(context, bytes):
+        context = loads_exception(context)  # (None if refused)
     if isinstance(context, BaseException):
         exc.__context__ = context
     if isinstance(cause, BaseException):
@@ -139,8 +144,12 @@ class _ExceptionPickler(pickle.Pickler):
         if isinstance(obj, Exception) and _default_pickling(type(obj)):
             state = getattr(obj, "__dict__", None) or None
             cause = obj.__cause__ if self.causes else None
-            if self.contexts and obj.__context__ is not None:
-                state = dict(state or (), **{_CONTEXT: obj.__context__})
+            context = obj.__context__
+            if self.contexts and context is not None and \
+                    not obj.__suppress_context__:
+                pickled = _dumps(context, True, True)
+                if pickled is not None:
+                    state = dict(state or (), **{_CONTEXT: pickled})
             if cause is None:  # (what controllers before version 7 take)
                 return rebuild_exception, (type(obj), obj.args, state)
             return rebuild_exception, (type(obj), obj.args, state, cause)
