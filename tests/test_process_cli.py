@@ -636,7 +636,7 @@ def test_a_reply_streaming_longer_than_lost_timeout_is_not_lost(keyfile):
 
 
 _SCRIPT_TYPES = r'''
-import collections, os, sys, typing
+import collections, functools, os, sys, typing
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import jax, numpy as np
 import jaxcolo
@@ -695,6 +695,15 @@ with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
         def total(self):
             return self.a + 100
     print("edited", first, int(total(W(x))))
+
+    class Cached(typing.NamedTuple):  # its method pickles by reference:
+        a: jax.Array                  # it cannot be carried to a worker
+
+        @functools.lru_cache(maxsize=None)
+        def describe(self):
+            return "cached"
+    plain = jaxcolo.colocated_python(lambda c: c.a + 1)
+    print("uncarried", int(plain(Cached(x))))
 '''
 
 
@@ -704,15 +713,16 @@ def test_a_scripts_namedtuples_work_on_workers(tmp_path):
     class the body carries (also named only in nested code, also redefined
     with other fields; a namedtuple of the arguments is carried even when
     the function does not name it: one made from the payload's fields had
-    none of its methods, so ``v + v`` concatenated tuples; and a class
+    none of its methods, so ``v + v`` concatenated tuples; a class
     redefined with the same fields is the new one, not the one an earlier
-    program carried)."""
+    program carried; and one that cannot be carried leaves the body
+    loadable, its values namedtuples made of its name and fields)."""
     script = tmp_path / "script.py"
     script.write_text(_SCRIPT_TYPES)
     out = subprocess.run([sys.executable, str(script)], capture_output=True,
                          text=True, timeout=240,
                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:8] == [
+    assert out.stdout.split("\n")[:9] == [
         "in 2", "out True 2", "same True 2", "named 2", "nested True",
-        "redefined 2", "methods True 2 2", "edited 2 101"]
+        "redefined 2", "methods True 2 2", "edited 2 101", "uncarried 2"]

@@ -17,8 +17,10 @@ that live in importable modules, pickled by reference beside the function
 (``operator.getitem((fn, *types), 0)``: loading it, by any jaxcolo, gives the
 function and imports the modules, which register the types there -- as JAX's
 pickled treedefs do), and the plain namedtuples of the user's script,
-pickled by value with their methods.  A worker whose payload names a node
-type it has not registered loads the body for that (keeping what it
+pickled by value with their methods, in a pickle of their own (marked
+:data:`SCRIPT_TYPES`; a body loads, and runs, also where they do not).  A
+worker whose payload names a node type it has not registered, or a class
+of the controller's script, loads the body for that (keeping what it
 carries, :func:`loads_body_carried`) and decodes again.
 
 A function's body may carry a *copy token* the same way (random bytes, one
@@ -77,30 +79,39 @@ class _BodyPickler(cloudpickle.Pickler):
 
 
 class _Carrying:
-    """``value`` pickled with ``types`` (by reference) and ``copy`` (bytes
-    or None); loads as ``value``."""
+    """``value`` pickled with ``types`` (by reference), ``copy`` (bytes or
+    None) and ``script`` (a pickle of the script's classes, or None);
+    loads as ``value``."""
 
-    __slots__ = ("value", "types", "copy")
+    __slots__ = ("value", "types", "copy", "script")
 
-    def __init__(self, value, types, copy=None):
+    def __init__(self, value, types, copy=None, script=None):
         self.value, self.types, self.copy = value, types, copy
+        self.script = script
 
     def __reduce__(self):
         extra = (self.copy,) if self.copy is not None else ()
+        if self.script is not None:
+            extra += ((SCRIPT_TYPES, self.script),)
         return operator.getitem, ((self.value, *self.types, *extra), 0)
+
+
+# Marks the pickle of the script's classes among what a body carries.
+SCRIPT_TYPES = "jaxcolo:script-types"
 
 
 _PLAIN_NODES = (tuple, list, dict, type(None))
 
 
-def types_to_carry(treedef) -> tuple:
+def types_to_carry(treedef) -> tuple[tuple, tuple]:
     """The node types of ``treedef`` a body carries, in first-seen order:
-    those (custom nodes, namedtuples) defined in an importable module other
-    than ``__main__`` (pickled by reference: a worker imports them), and
-    the plain namedtuples of the user's script (``__main__``: pickled by
-    value, with their methods; a worker finds them by name among what a
-    body carries).  A script's custom nodes are not carried: pickled by
-    value, they would lack their registration."""
+    (those (custom nodes, namedtuples) defined in an importable module other
+    than ``__main__``, pickled by reference: a worker imports them; the
+    plain namedtuples of the user's script, ``__main__``, pickled by value
+    with their methods, on their own: a worker finds them by name among
+    what a body carries, and one it cannot load costs only itself).  A
+    script's custom nodes are not carried: pickled by value, they would
+    lack their registration."""
     found: dict = {}
     stack = [treedef]
     while stack:
@@ -111,7 +122,8 @@ def types_to_carry(treedef) -> tuple:
                                           _script_namedtuple(data[0])):
             found[data[0]] = None
         stack.extend(reversed(t.children()))
-    return tuple(found)
+    return (tuple(t for t in found if _importable(t)),
+            tuple(t for t in found if not _importable(t)))
 
 
 def _script_namedtuple(cls) -> bool:
@@ -133,18 +145,31 @@ def _importable(cls) -> bool:
 
 
 def dumps_body(obj, *, version: int | None = None, what: str = "body",
-               carry: tuple = (), copy: bytes | None = None) -> bytes:
+               carry: tuple = (), copy: bytes | None = None,
+               script: tuple = ()) -> bytes:
     """Pickle ``obj`` as a program body (spec objects as spec payloads),
-    carrying the types ``carry`` and the token ``copy`` (see the module
-    docstring).
+    carrying the types ``carry``, the token ``copy`` and the script's
+    classes ``script`` (see the module docstring; left out if they do not
+    pickle: a worker then makes namedtuples of their names and fields).
 
     Pickling errors propagate with their own type and a note naming ``what``.
     """
+    script_pickle = None
+    if script:
+        with io.BytesIO() as f:
+            p = _BodyPickler(f)
+            p.version = version
+            try:
+                p.dump(script)
+                script_pickle = f.getvalue()
+            except Exception:  # noqa: BLE001 - as before: not carried
+                pass
     with io.BytesIO() as f:
         p = _BodyPickler(f)
         p.version = version
         try:
-            p.dump(_Carrying(obj, carry, copy) if carry or copy else obj)
+            p.dump(_Carrying(obj, carry, copy, script_pickle)
+                   if carry or copy or script_pickle else obj)
         except Exception as e:
             e.add_note(f"jaxcolo: while pickling {what}")
             raise
@@ -182,12 +207,23 @@ class _CarriedUnpickler(pickle.Unpickler):
 
 def loads_body_carried(data: bytes) -> tuple:
     """``(value, carried)``: a body unpickled (as ``loads_body`` with no
-    resolver) and the tuples it carries (see the module docstring)."""
+    resolver) and what it carries (see the module docstring): the tuples
+    it carries, and the script's classes, those that load here."""
     previous = getattr(_loading, "resolver", None)
     _loading.resolver = make_resolver(None)
     try:
         with io.BytesIO(data) as f:
             u = _CarriedUnpickler(f)
-            return u.load(), tuple(u.carried)
+            value = u.load()
+        carried = list(u.carried)
+        for t in u.carried:
+            for x in t:
+                if type(x) is tuple and len(x) == 2 and \
+                        x[0] == SCRIPT_TYPES and type(x[1]) is bytes:
+                    try:
+                        carried.append(cloudpickle.loads(x[1]))
+                    except Exception:  # noqa: BLE001 - not loadable here:
+                        pass  # namedtuples of its names are made instead
+        return value, tuple(carried)
     finally:
         _loading.resolver = previous

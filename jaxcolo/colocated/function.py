@@ -97,13 +97,14 @@ class FunctionTarget:
         self.source_info = _source_info(fn)
 
     def body(self, version: int, carry: tuple = (),
-             copy: bytes | None = None) -> bytes:
+             copy: bytes | None = None, script: tuple = ()) -> bytes:
         """The function pickled now (each specialisation pickles its own
         copy, as in JAX: globals it captures by value are as of then),
-        carrying the node types ``carry`` and the specialisation's ``copy``
-        token (its programs are its own, not shared with an equal
-        function's)."""
+        carrying the node types ``carry`` (by reference) and ``script``
+        (the script's, by value) and the specialisation's ``copy`` token
+        (its programs are its own, not shared with an equal function's)."""
         return dumps_body(self.fn, version=version, carry=carry, copy=copy,
+                          script=script,
                           what=f"colocated function {self.name!r}")
 
 
@@ -157,8 +158,9 @@ class Specialized:
         t = self.target
         body = self._bodies.get(version)
         if body is None:  # one pickle for the discovery and full program
+            carry, script = types_to_carry(self.in_treedef)
             body = self._bodies.setdefault(version, t.body(
-                version, types_to_carry(self.in_treedef), self._copy))
+                version, carry, self._copy, script))
         return program_lifetimes.hold(ProgramRef.of(encode_program(
             name=t.name, kind=t.kind, body=body, in_specs=in_specs,
             out_specs=out_specs,

@@ -97,13 +97,14 @@ class InstanceState:
         self.track = self.hosts.track
         weakref.finalize(self, self.hosts.destroy)
 
-    def body(self, version: int, carry: tuple = ()) -> bytes:
+    def body(self, version: int, carry: tuple = (),
+             script: tuple = ()) -> bytes:
         with self._lock:
-            data = self._bodies.get((version, carry))
+            data = self._bodies.get((version, carry, script))
             if data is None:
-                data = self._bodies[version, carry] = dumps_body(
+                data = self._bodies[version, carry, script] = dumps_body(
                     (self.cls, self.init_args, self.init_kwargs),
-                    version=version, carry=carry,
+                    version=version, carry=carry, script=script,
                     what=f"colocated class {self.cls.__name__!r} and its "
                          "constructor arguments")
             return data
@@ -124,10 +125,10 @@ class MethodTarget:
         self.track = state.track
 
     def body(self, version: int, carry: tuple = (),
-             copy: bytes | None = None) -> bytes:
+             copy: bytes | None = None, script: tuple = ()) -> bytes:
         """The instance's body (its state is the instance's, by id: the
         methods' programs need no copy token)."""
-        return self.state.body(version, carry)
+        return self.state.body(version, carry, script)
 
 
 def colocated_python_class(cls: type) -> type:
