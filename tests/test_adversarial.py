@@ -520,7 +520,8 @@ def test_a_held_scope_keeps_no_bounds_of_later_decodes():
     scope = held.shape[0].scope
     for p in payloads[1:]:
         assert jaxcolo.deserialize(p).shape[0].scope is scope
-    assert 0 < len(scope._bounds_cache) <= 1024  # symbolic.MAX_CACHED_BOUNDS
+    # (symbolic.MAX_CACHED_BOUNDS, and what one payload adds after it)
+    assert 0 < len(scope._bounds_cache) <= 1024 + 2
 
 
 def test_parse_budget_of_a_deflated_body_follows_its_stored_size():
@@ -1827,3 +1828,32 @@ def test_numpy_auxdata_is_not_taken_for_rebuilt_auxdata():
     assert jaxcolo.inspect(data)["readable_by_versions"] == \
         list(range(1, jaxcolo.SCHEMA_VERSION + 1))
     np.testing.assert_array_equal(jaxcolo.deserialize(data).scale, [1, 2])
+
+
+def test_bounds_dims_share_are_charged_once_by_writer_and_reader(tmp_path):
+    """The reader cleared a scope's bounds cache past 1024 entries in the
+    middle of a decode, so bounds that several dims share (costly, cached
+    after the first) were worked out again and the payload refused, where
+    the writer's trial (one scope, never cleared) had charged them once."""
+    import subprocess
+    import sys
+    costly = " + ".join(f"mod(a{i}, b{i})" for i in range(12))
+    scope = export.SymbolicScope()
+    shapes, k = [], 0
+    for r in range(3):
+        shapes.append(f"max({costly}, c) + {r}")  # the bounds of X - c
+        for _ in range(3):  # 765 cheap max dims, each caching one bound
+            shapes.append(", ".join(f"max(p{(k := k + 1)}, q)"
+                                    for _ in range(255)))
+    specs = [jax.ShapeDtypeStruct(export.symbolic_shape(t, scope=scope),
+                                  np.float32) for t in shapes]
+    path = tmp_path / "specs.bin"
+    path.write_bytes(jaxcolo.serialize(specs, compress=False))
+    # a reader elsewhere (in this process, the writer's scope is reused)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, jaxcolo; print(len(jaxcolo."
+         "deserialize(open(sys.argv[1], 'rb').read())))", str(path)],
+        capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=os.path.dirname(
+            os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0 and out.stdout.strip() == "12", out.stderr

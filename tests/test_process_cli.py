@@ -704,6 +704,28 @@ with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
             return "cached"
     plain = jaxcolo.colocated_python(lambda c: c.a + 1)
     print("uncarried", int(plain(Cached(x))))
+
+    class Scale(typing.NamedTuple):
+        a: jax.Array
+
+        def k(self):
+            return 10
+    first = int(jaxcolo.colocated_python(lambda s: s.a * s.k())(Scale(x)))
+
+    class Scale(typing.NamedTuple):  # edited, and no longer carried: its
+        a: jax.Array                 # values are made namedtuples, never
+                                     # the earlier class's
+        def k(self):
+            return 1000
+
+        @functools.lru_cache(maxsize=None)
+        def describe(self):
+            return "scale"
+    try:
+        again = int(jaxcolo.colocated_python(lambda s: s.a * s.k())(Scale(x)))
+    except AttributeError:
+        again = "AttributeError"
+    print("uncarried edit", first, again)
 '''
 
 
@@ -723,6 +745,7 @@ def test_a_scripts_namedtuples_work_on_workers(tmp_path):
                          text=True, timeout=240,
                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split("\n")[:9] == [
+    assert out.stdout.split("\n")[:10] == [
         "in 2", "out True 2", "same True 2", "named 2", "nested True",
-        "redefined 2", "methods True 2 2", "edited 2 101", "uncarried 2"]
+        "redefined 2", "methods True 2 2", "edited 2 101", "uncarried 2",
+        "uncarried edit 10 AttributeError"]

@@ -217,25 +217,27 @@ def _run_charged(fn, buf, what: str, path: str):
     return out
 
 
-# Bounds JAX caches in a scope, past which a parse that added some clears
-# them: a scope may outlive a decode (one the application holds, which
-# readers reuse for payloads naming it), and each decode's dims would add
-# their bounds there for good (~1 KB each).  JAX clears them itself at
-# times; they are only a cache.
+# Bounds JAX caches in a scope, past which a decode's first parse in the
+# scope clears them: a scope may outlive a decode (one the application
+# holds, which readers reuse for payloads naming it), and each decode's
+# dims would add their bounds there for good (~1 KB each).  JAX clears
+# them itself at times; they are only a cache.  Never cleared during a
+# decode: a writer's trial (one scope, never cleared) finds the work of
+# bounds that dims share charged once, and so must the reader.
 MAX_CACHED_BOUNDS = 1024
 
 
 def parse_shape(text: str, scope, buf, path: str) -> tuple:
     """``shape_poly.symbolic_shape(text, scope=scope)``, bounded; charged to
     ``buf`` (a wire.Buffer, or None).  PayloadError for any bad text."""
-    cache = getattr(scope, "_bounds_cache", None)
-    before = len(cache) if cache is not None else 0
-    try:
-        return _parse_shape(text, scope, buf, path)
-    finally:
-        if cache is not None and before < len(cache) and \
-                len(cache) > MAX_CACHED_BOUNDS:
-            cache.clear()
+    if buf is not None and scope is not None:
+        seen = buf.memo.setdefault("scopes parsed in", set())
+        if id(scope) not in seen:  # (the buffer holds scope via its dims)
+            seen.add(id(scope))
+            cache = getattr(scope, "_bounds_cache", None)
+            if cache is not None and len(cache) > MAX_CACHED_BOUNDS:
+                cache.clear()
+    return _parse_shape(text, scope, buf, path)
 
 
 def _parse_shape(text: str, scope, buf, path: str) -> tuple:

@@ -91,7 +91,7 @@ class _Carrying:
 
     def __reduce__(self):
         extra = (self.copy,) if self.copy is not None else ()
-        if self.script is not None:
+        if self.script is not None:  # (b"": they did not pickle)
             extra += ((SCRIPT_TYPES, self.script),)
         return operator.getitem, ((self.value, *self.types, *extra), 0)
 
@@ -162,14 +162,14 @@ def dumps_body(obj, *, version: int | None = None, what: str = "body",
             try:
                 p.dump(script)
                 script_pickle = f.getvalue()
-            except Exception:  # noqa: BLE001 - as before: not carried
-                pass
+            except Exception:  # noqa: BLE001 - not carried: a worker
+                script_pickle = b""  # makes namedtuples of their names
     with io.BytesIO() as f:
         p = _BodyPickler(f)
         p.version = version
         try:
             p.dump(_Carrying(obj, carry, copy, script_pickle)
-                   if carry or copy or script_pickle else obj)
+                   if carry or copy or script_pickle is not None else obj)
         except Exception as e:
             e.add_note(f"jaxcolo: while pickling {what}")
             raise
@@ -206,24 +206,26 @@ class _CarriedUnpickler(pickle.Unpickler):
 
 
 def loads_body_carried(data: bytes) -> tuple:
-    """``(value, carried)``: a body unpickled (as ``loads_body`` with no
-    resolver) and what it carries (see the module docstring): the tuples
-    it carries, and the script's classes, those that load here."""
+    """``(value, carried, marked)``: a body unpickled (as ``loads_body``
+    with no resolver); what it carries (see the module docstring): the
+    tuples it carries, and the script's classes, those that load here; and
+    whether it carries (or meant to carry) the script's classes."""
     previous = getattr(_loading, "resolver", None)
     _loading.resolver = make_resolver(None)
     try:
         with io.BytesIO(data) as f:
             u = _CarriedUnpickler(f)
             value = u.load()
-        carried = list(u.carried)
+        carried, marked = list(u.carried), False
         for t in u.carried:
             for x in t:
                 if type(x) is tuple and len(x) == 2 and \
                         x[0] == SCRIPT_TYPES and type(x[1]) is bytes:
+                    marked = True
                     try:
                         carried.append(cloudpickle.loads(x[1]))
                     except Exception:  # noqa: BLE001 - not loadable here:
                         pass  # namedtuples of its names are made instead
-        return value, tuple(carried)
+        return value, tuple(carried), marked
     finally:
         _loading.resolver = previous

@@ -154,11 +154,15 @@ class InlineExecutor(Executor):
     this process).  Program and captured device ids resolve against them; an
     id outside them is a PayloadError naming the id.  ``keep(program_id)``:
     may what is loaded for a program be kept (a worker: is it still
-    registered)?  None: always.
+    registered)?  None: always.  ``decode(program, resolver)``: how a
+    program is decoded to run (a worker: as it was registered).
     """
 
-    def __init__(self, devices=None, keep=None):
+    def __init__(self, devices=None, keep=None, decode=None):
         self._keep = keep
+        self._decode = decode or (
+            lambda program, resolver: decode_program(program.payload,
+                                                     resolver))
         self._resolver = make_resolver(
             None if devices is None else {d.id: d for d in devices})
         self._lock = threading.RLock()  # RLock: destroy may run from GC
@@ -278,7 +282,7 @@ class InlineExecutor(Executor):
         self._lifetimes.unnote(program_ids)
 
     def _load(self, program) -> _Loaded:
-        loaded = decode_program(program.payload, self._resolver)
+        loaded = self._decode(program, self._resolver)
         entry = _Loaded(loaded)
         # One loaded body per program, as JAX loads one per specialisation
         # (and one for output discovery): closure state is not shared

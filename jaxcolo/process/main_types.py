@@ -52,11 +52,11 @@ class MainTypes:
         self._lock = threading.Lock()
         self._local = threading.local()
 
-    def collect(self, obj) -> None:
+    def collect(self, obj) -> dict:
         """Remember the ``__main__`` namedtuples ``obj`` (a loaded body:
         a function, a class, a tuple of them) refers to: through globals
         (of nested code too), closures, defaults, bases and attributes, a
-        bounded walk."""
+        bounded walk.  Returns them, by (name, fields)."""
         seen, stack, found = set(), [obj], []
         while stack and len(seen) < _WALK_LIMIT:
             x = stack.pop()
@@ -80,11 +80,26 @@ class MainTypes:
                 stack.extend(x)
             elif isinstance(x, (types.MethodType, classmethod, staticmethod)):
                 stack.append(x.__func__)
+        mine = {(f"__main__:{t.__qualname__}", tuple(t._fields)): t
+                for t in found}
         with self._lock:
-            for t in found:  # (a redefined class replaces the earlier one)
-                key = (f"__main__:{t.__qualname__}", tuple(t._fields))
-                if key in self._collected or len(self._collected) < MAX_TYPES:
+            for key, t in mine.items():  # (a redefined class replaces the
+                if key in self._collected or \
+                        len(self._collected) < MAX_TYPES:  # earlier one)
                     self._collected[key] = t
+        return mine
+
+    @contextlib.contextmanager
+    def only(self, classes: dict):
+        """While active (this thread), names resolve to ``classes`` (one
+        body's) or to namedtuples made here, never to classes other bodies
+        carried (the script may have redefined them since)."""
+        previous = getattr(self._local, "only", None)
+        self._local.only = classes
+        try:
+            yield
+        finally:
+            self._local.only = previous
 
     @contextlib.contextmanager
     def making(self):
@@ -115,8 +130,9 @@ class MainTypes:
         if fields is None:
             return None
         key = (name, tuple(fields))
+        only = getattr(self._local, "only", None)
         with self._lock:
-            t = self._collected.get(key)
+            t = (self._collected if only is None else only).get(key)
             if t is None:
                 t = self._made.get(key)
             if t is None and getattr(self._local, "making", False):
@@ -177,38 +193,57 @@ def install() -> None:
 
 
 def decode_importing(payload: bytes, inflation=None):
-    """decode_program; when its specs name a namedtuple or registered
-    pytree node this process has not seen yet, or a class of the
-    controller's script (which may have been redefined since an earlier
-    program carried it), once more after unpickling
-    the body, which imports the modules it refers to (where the type is
+    """``(program, judge)``: decode_program; when its specs name a
+    namedtuple or registered pytree node this process has not seen yet,
+    or a class of the controller's script (which may have been redefined
+    since an earlier program carried it), once more after unpickling the
+    body, which imports the modules it refers to (where the type is
     defined, or registered) and carries the classes of the controller's
     script (see above); then, for those it does not carry, with
     namedtuples made from the payload.  The body is the program's own
     code, which this worker runs anyway; loaded here only to import, then
-    dropped.  ``inflation``: the budget of the message that carried the
-    program (each attempt starts from what was left of it)."""
+    dropped.  ``judge``: the script's classes this body carries, by (name,
+    fields), when it is the judge of them (it carries them, or says it
+    could not), else None; :func:`decode_judged` decodes the program
+    again the same way.  ``inflation``: the budget of the message that
+    carried the program (each attempt starts from what was left of it)."""
     start = inflation.copy() if inflation is not None else None
     names = NAMESPACE
     try:
         with envelope.inflation_scope(inflation), names.watching() as named:
             prog = decode_program(payload)
         if not named:
-            return prog
+            return prog, None
         first = None  # the script's classes: those this body carries win
     except UnregisteredError as e:
         first = e
     try:
         with envelope.inflation_scope(start and start.copy()):
             body = read_program(payload).body
-        names.collect(loads_body_carried(body))
+        value, carried, marked = loads_body_carried(body)
+        mine = names.collect((value, carried))
     except Exception:  # noqa: BLE001 - the first error says more
         if first is None:
-            return prog
+            return prog, None
         raise first from None
+    # A body that carries the script's classes (or says it could not) is
+    # the judge of them: names it lacks are made, not an earlier body's.
+    judge = mine if marked else None
+    return decode_judged(payload, judge, inflation=start), judge
+
+
+def decode_judged(payload: bytes, judge, resolver=None, inflation=None):
+    """decode_program of a program whose script classes are ``judge`` (see
+    :func:`decode_importing`), the names it lacks made from the payload."""
+    names = NAMESPACE
+
+    def only():
+        return contextlib.nullcontext() if judge is None else \
+            names.only(judge)
     try:
-        with envelope.inflation_scope(start and start.copy()):
-            return decode_program(payload)
-    except UnregisteredError:  # a script's namedtuple the body does
-        with envelope.inflation_scope(start), names.making():  # not name
-            return decode_program(payload)
+        with envelope.inflation_scope(inflation and inflation.copy()), \
+                only():
+            return decode_program(payload, resolver)
+    except UnregisteredError:  # a script's namedtuple the body does not
+        with envelope.inflation_scope(inflation), names.making(), only():
+            return decode_program(payload, resolver)  # carry

@@ -41,7 +41,8 @@ class Entry:
     """One registered program: ``decoded`` (and its input ``in_layouts``)
     or the ``error`` each of its calls gets."""
 
-    __slots__ = ("ref", "error", "decoded", "in_layouts", "lacked")
+    __slots__ = ("ref", "error", "decoded", "in_layouts", "lacked",
+                 "judge")
 
     def __init__(self, ref: ProgramRef):
         self.ref = ref
@@ -49,6 +50,7 @@ class Entry:
         self.decoded = None
         self.in_layouts = None
         self.lacked = None  # registrations() when a type was missing
+        self.judge = None  # its body's script classes (main_types)
 
 
 def _fresh(error: PayloadError) -> PayloadError:
@@ -104,6 +106,13 @@ class ProgramTable:
                 raise _fresh(entry.error)
         return entry
 
+    def decode_for_run(self, program, resolver):
+        """The program as the InlineExecutor that runs it decodes it:
+        judged by its body's script classes, as when it was registered."""
+        entry = self._programs.get(program.id)
+        judge = entry.judge if entry is not None else None
+        return main_types.decode_judged(program.payload, judge, resolver)
+
     def forget(self, program_ids) -> None:
         """Drop programs the controller will not call again (unknown ids
         are ignored; one registered again is decoded again)."""
@@ -126,7 +135,8 @@ class ProgramTable:
         self._stats["programs_decoded"] += 1
         entry.error = entry.lacked = None
         try:
-            prog = main_types.decode_importing(entry.ref.payload, inflation)
+            prog, entry.judge = main_types.decode_importing(
+                entry.ref.payload, inflation)
             entry.in_layouts = [arrays.Layout(s, True)
                                 for s in prog.in_leaves]
             entry.decoded = prog

@@ -95,7 +95,8 @@ class Session:
         self._programs = ProgramTable(self.stats)
         # a program forgotten while a call of it was queued (timed out on
         # the controller) is run by that call, not kept again
-        self._inline = InlineExecutor(keep=self._programs.has)
+        self._inline = InlineExecutor(keep=self._programs.has,
+                                      decode=self._programs.decode_for_run)
         # The reader runs a call of an idle lane itself (no hand-off); a
         # call still running after PROMOTE_AFTER seconds makes a new thread
         # the reader, so a blocking function cannot stall later messages.
