@@ -8,19 +8,22 @@ a namespace of its own (:data:`NAMESPACE`, installed as
 
 * classes carried by the programs' bodies: cloudpickle carries a script's
   classes by value (those the function names, and those of its arguments,
-  beside it: jaxcolo.colocated.body), and loading the same body again gives
-  the same class object, so the function sees the very type its inputs
-  were built with;
-* else (a body from an older controller, which carries only what the
-  function names) a
-  namedtuple made from the payload's name and fields, once per name and
-  fields (made only while :meth:`MainTypes.making` is active: the worker
-  looks at the program's body first, and again when a program decoded
-  with made classes, :meth:`MainTypes.watching`).
+  beside it in a pickle of their own: jaxcolo.colocated.body), and loading
+  the same body again gives the same class object, so the function sees
+  the very type its inputs were built with;
+* else (a class that could not be carried, or a body from an older
+  controller, which carries only what the function names) a namedtuple
+  made from the payload's name and fields, once per name and fields (made
+  only while :meth:`MainTypes.making` is active: the worker looks at the
+  program's body first, whenever a program's decode named such a class,
+  :meth:`MainTypes.watching`).
 
-Classes are looked up by name and fields, so a script that redefines a
-class gets the new one for its new programs.  :func:`decode_importing` is
-how a worker decodes a program it is sent.
+A body that carries the script's classes (or says it could not) is the
+judge of them for its program (:meth:`MainTypes.only`): a script that
+redefines a class gets the new one for its new programs, or a made one,
+never an earlier program's.  :func:`decode_importing` is how a worker
+decodes a program it is sent, and :func:`decode_judged` how it decodes it
+again to run it.
 
 Writing, a worker names a ``__main__`` namedtuple by its name: the
 controller reads it as its own script's class of that name.  The namespace
