@@ -31,6 +31,7 @@ as in JAX.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import operator
 import pickle
@@ -112,18 +113,20 @@ def types_to_carry(treedef) -> tuple[tuple, tuple]:
     what a body carries, and one it cannot load costs only itself).  A
     script's custom nodes are not carried: pickled by value, they would
     lack their registration."""
-    found: dict = {}
+    by_reference: dict = {}
+    by_value: dict = {}
     stack = [treedef]
     while stack:
         t = stack.pop()
         data = t.node_data()
         if data is not None and data[0] not in _PLAIN_NODES and \
-                data[0] not in found and (_importable(data[0]) or
-                                          _script_namedtuple(data[0])):
-            found[data[0]] = None
+                data[0] not in by_reference and data[0] not in by_value:
+            if _importable(data[0]):
+                by_reference[data[0]] = None
+            elif _script_namedtuple(data[0]):
+                by_value[data[0]] = None
         stack.extend(reversed(t.children()))
-    return (tuple(t for t in found if _importable(t)),
-            tuple(t for t in found if not _importable(t)))
+    return tuple(by_reference), tuple(by_value)
 
 
 def _script_namedtuple(cls) -> bool:
@@ -156,35 +159,44 @@ def dumps_body(obj, *, version: int | None = None, what: str = "body",
     """
     script_pickle = None
     if script:
-        with io.BytesIO() as f:
-            p = _BodyPickler(f)
-            p.version = version
-            try:
-                p.dump(script)
-                script_pickle = f.getvalue()
-            except Exception:  # noqa: BLE001 - not carried: a worker
-                script_pickle = b""  # makes namedtuples of their names
+        try:
+            script_pickle = _pickled(script, version)
+        except Exception:  # noqa: BLE001 - not carried: a worker
+            script_pickle = b""  # makes namedtuples of their names
+    try:
+        return _pickled(_Carrying(obj, carry, copy, script_pickle)
+                        if carry or copy or script_pickle is not None
+                        else obj, version)
+    except Exception as e:
+        e.add_note(f"jaxcolo: while pickling {what}")
+        raise
+
+
+def _pickled(obj, version: int | None) -> bytes:
+    """``obj`` pickled as bodies are (spec objects as spec payloads)."""
     with io.BytesIO() as f:
         p = _BodyPickler(f)
         p.version = version
-        try:
-            p.dump(_Carrying(obj, carry, copy, script_pickle)
-                   if carry or copy or script_pickle is not None else obj)
-        except Exception as e:
-            e.add_note(f"jaxcolo: while pickling {what}")
-            raise
+        p.dump(obj)
         return f.getvalue()
+
+
+@contextlib.contextmanager
+def _resolving(device_resolver):
+    """Unpickled spec objects resolve through ``device_resolver`` here."""
+    previous = getattr(_loading, "resolver", None)
+    _loading.resolver = make_resolver(device_resolver)
+    try:
+        yield
+    finally:
+        _loading.resolver = previous
 
 
 def loads_body(data: bytes, device_resolver=None):
     """Unpickle a body; captured spec objects resolve through
     ``device_resolver`` (same forms as ``jaxcolo.deserialize``'s)."""
-    previous = getattr(_loading, "resolver", None)
-    _loading.resolver = make_resolver(device_resolver)
-    try:
+    with _resolving(device_resolver):
         return cloudpickle.loads(data)
-    finally:
-        _loading.resolver = previous
 
 
 class _CarriedUnpickler(pickle.Unpickler):
@@ -210,9 +222,7 @@ def loads_body_carried(data: bytes) -> tuple:
     with no resolver); what it carries (see the module docstring): the
     tuples it carries, and the script's classes, those that load here; and
     whether it carries (or meant to carry) the script's classes."""
-    previous = getattr(_loading, "resolver", None)
-    _loading.resolver = make_resolver(None)
-    try:
+    with _resolving(None):
         with io.BytesIO(data) as f:
             u = _CarriedUnpickler(f)
             value = u.load()
@@ -227,5 +237,3 @@ def loads_body_carried(data: bytes) -> tuple:
                     except Exception:  # noqa: BLE001 - not loadable here:
                         pass  # namedtuples of its names are made instead
         return value, tuple(carried), marked
-    finally:
-        _loading.resolver = previous
