@@ -7,6 +7,7 @@ adds an entry here instead of copying tests.
 
 from __future__ import annotations
 
+import os
 import time
 
 import jax
@@ -96,6 +97,22 @@ def process_running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):  # (reaped meanwhile)
         return False
+
+
+def stop_process(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP process ``pid`` and return once it is stopped.  The signal
+    lands asynchronously: until one of its threads takes it, the others
+    keep running (a loaded machine let a "stopped" worker still answer)."""
+    import signal
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state in ("T", "t"):
+            return
+        assert time.monotonic() < deadline, f"pid {pid} did not stop"
+        time.sleep(0.001)
 
 
 def wait_processes_exited(pids, seconds: float = 10) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 import jaxcolo
 from tests.colocated_support import (cpu_devices, executor,  # noqa: F401
-                                     put)
+                                     put, stop_process)
 
 
 def _like_input(fn):
@@ -398,7 +398,7 @@ def test_a_busy_host_does_not_hold_up_calls_on_others():
         f = _like_input(lambda a: a + 1)
         g(x0), ident(big5), f(x5), f(x0)
         stopped = ex.worker_pids()[1]
-        os.kill(stopped, signal.SIGSTOP)
+        stop_process(stopped)
         try:
             def flood():
                 try:

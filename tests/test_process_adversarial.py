@@ -26,7 +26,8 @@ from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages, packing
 from jaxcolo.process.messages import MessageKind as K
 from jaxcolo.transport.channel import Channel
-from tests.colocated_support import cpu_devices, ok_call, put
+from tests.colocated_support import cpu_devices, ok_call, put, \
+    stop_process
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +328,7 @@ def test_close_is_not_held_by_a_send_the_worker_stopped_reading():
     with jaxcolo.use_executor(ex):
         f(big)
         pid = ex.worker_pids()[0]
-        os.kill(pid, signal.SIGSTOP)
+        stop_process(pid)
         try:
             def call():
                 try:
@@ -356,7 +357,7 @@ def _stopped(pid):
 
     @contextlib.contextmanager
     def stopped():
-        os.kill(pid, signal.SIGSTOP)
+        stop_process(pid)
         try:
             yield
         finally:

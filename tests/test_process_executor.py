@@ -23,7 +23,7 @@ from jaxcolo import versions
 from jaxcolo.process import messages
 from jaxcolo.transport import channel as ch, handshake
 from tests.colocated_support import cpu_devices, ok_call, put, \
-    wait_processes_exited
+    stop_process, wait_processes_exited
 
 
 def _identity(x):
@@ -944,7 +944,7 @@ def test_a_dropped_executor_stops_the_coordinator_host_last(capfd):
     ex = jaxcolo.ProcessExecutor(num_hosts=2)
     assert ok_call(ex) == 42
     pids = ex.worker_pids()
-    os.kill(pids[1], signal.SIGSTOP)
+    stop_process(pids[1])
     timer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGCONT))
     timer.start()
     del ex
@@ -1253,7 +1253,7 @@ def test_close_stops_the_coordinator_host_last(capfd):
     with jaxcolo.ProcessExecutor(num_hosts=2) as ex:
         assert ok_call(ex) == 42
         pids = ex.worker_pids()
-        os.kill(pids[1], signal.SIGSTOP)
+        stop_process(pids[1])
         timer = threading.Timer(1.0, os.kill, (pids[1], signal.SIGCONT))
         timer.start()
     timer.join()
@@ -1270,7 +1270,7 @@ def test_close_waits_for_hung_workers_together():
     ex = jaxcolo.ProcessExecutor(num_hosts=4)
     pids = ex.worker_pids()
     for pid in pids[1:]:
-        os.kill(pid, signal.SIGSTOP)
+        stop_process(pid)
     t0 = time.monotonic()
     ex.close()
     assert time.monotonic() - t0 < 9
@@ -1295,7 +1295,7 @@ def test_close_wakes_a_stats_request_waiting_for_its_reply():
     answered yet, was not woken by close() and waited out its timeout."""
     ex = jaxcolo.ProcessExecutor(num_hosts=1)
     pid = ex.worker_pids()[0]
-    os.kill(pid, signal.SIGSTOP)  # a worker that does not answer (yet)
+    stop_process(pid)  # a worker that does not answer (yet)
     out = {}
 
     def ask():
@@ -1528,7 +1528,7 @@ def test_stats_of_a_host_lost_while_asked_say_why_there_are_none():
     with jaxcolo.ProcessExecutor(num_hosts=1, lost_timeout=1.0,
                                  heartbeat=0.25) as ex:
         pid = ex.worker_pids()[0]
-        os.kill(pid, signal.SIGSTOP)
+        stop_process(pid)
         try:
             out = ex.stats(timeout=10.0)
         finally:
@@ -1654,16 +1654,6 @@ def test_failed_multi_host_calls_keep_nothing_alive(two_hosts):
     assert threading.active_count() < threads + 5
 
 
-def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
-    """Wait until process ``pid`` is in the stopped state (``T``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        if state in ("T", "t"):
-            return
-        assert time.monotonic() < deadline, f"pid {pid} did not stop"
-        time.sleep(0.001)
 
 
 def test_hung_worker_is_lost_after_lost_timeout(tmp_path):
@@ -1675,8 +1665,7 @@ def test_hung_worker_is_lost_after_lost_timeout(tmp_path):
         with jaxcolo.use_executor(ex):
             x = put(1, cpu_devices()[0])
             assert int(f(x)) == 1
-            os.kill(pid, signal.SIGSTOP)  # alive, but silent
-            _wait_stopped(pid)  # the signal lands asynchronously
+            stop_process(pid)  # alive, but silent
             try:
                 t0 = time.monotonic()
                 with pytest.raises(jaxcolo.ExecutorError,

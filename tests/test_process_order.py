@@ -15,6 +15,7 @@ import pytest
 
 import jaxcolo
 from jaxcolo.errors import ExecutorError
+from tests.colocated_support import stop_process
 
 
 def _writer(log_file, tag, delay=0.0):
@@ -143,7 +144,7 @@ def test_a_timeout_covers_waiting_for_destroys_stuck_on_another_host():
         obj.echo(x0)  # an instance on host 0
         f(big0), g(x7)
         pid0 = ex.worker_pids()[0]
-        os.kill(pid0, signal.SIGSTOP)
+        stop_process(pid0)
         try:
             with pytest.raises(ExecutorError, match="timed out"):
                 with ex.timeout(1.0):
