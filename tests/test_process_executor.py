@@ -1985,3 +1985,23 @@ def test_a_suppressed_context_stays_suppressed():
     back = remote_errors.loads_exception(msg.error_pickle)
     assert type(back) is ValueError and back.__context__ is None
     assert "During handling" not in "".join(traceback.format_exception(back))
+
+
+def test_stats_of_a_closed_executor_or_lost_host_say_why():
+    """stats() after close() gave each host 'connection lost: [Errno 9]
+    Bad file descriptor'; a host lost (restart off) gave a send's errno
+    instead of why it was lost."""
+    ex = jaxcolo.ProcessExecutor(num_hosts=1, restart=False)
+    try:
+        pid = ex.worker_pids()[0]
+        os.kill(pid, signal.SIGKILL)
+        wait_processes_exited([pid])
+        deadline = time.monotonic() + 20
+        while "error" not in ex.stats()["hosts"][0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert ex.stats()["hosts"][0]["error"].startswith(
+            f"host 0 ({ex.addresses()[0]}, pid {pid}) was lost: ")
+    finally:
+        ex.close()
+    assert ex.stats()["hosts"] == [{"error": "ProcessExecutor is closed"}]

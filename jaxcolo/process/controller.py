@@ -413,6 +413,9 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
             out = dict(self._stats)
         hosts = []
         for link in self._links:
+            if self._closed:  # (its links are closed: no errno to show)
+                hosts.append({"error": "ProcessExecutor is closed"})
+                continue
             try:
                 hosts.append(link.request_stats(timeout))
             except ExecutorError as e:

@@ -28,7 +28,7 @@ import time
 from jaxcolo.colocated.futures import executor_thread
 from jaxcolo_fb import MessageKind as K
 from jaxcolo import versions
-from jaxcolo.errors import ExecutorError, PayloadError
+from jaxcolo.errors import ConnectionLost, ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
 from jaxcolo.transport import blobs, channel as ch, handshake, procs
 from jaxcolo.transport.interrupts import CRITICAL
@@ -187,13 +187,23 @@ class HostLink:
             lock.release()
 
     def request_stats(self, timeout: float) -> dict:
+        """The worker's counters; ExecutorError saying why if it does not
+        reply within ``timeout`` seconds or the link is (or gets) lost."""
+        if self._lost:
+            raise ExecutorError(f"{self.describe} was lost: "
+                                f"{self.loss_reason}")
         ev = threading.Event()
         key = secrets.randbits(62) or 1
         box = self._stats_waiters[key] = [ev, None]
         try:
             deadline = time.monotonic() + timeout
-            self.send(messages.Message(K.stats, call_id=key),
-                      deadline=deadline)  # (a send going on: SendDeadline)
+            try:
+                self.send(messages.Message(K.stats, call_id=key),
+                          deadline=deadline)  # (a send going: SendDeadline)
+            except ConnectionLost as e:  # gone: as a call's send, lost
+                self.lost(f"{e} (sending a stats request)")
+                raise ExecutorError(f"{self.describe} was lost: "
+                                    f"{self.loss_reason}") from None
             self.kick()
             if not ev.wait(seconds_until(deadline)):
                 raise ExecutorError(f"{self.describe}: no stats reply")
