@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
-import numbers
 import secrets
 import shutil
 import tempfile
@@ -65,7 +63,7 @@ from jaxcolo.process.hosts import controller_hello
 from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
 from jaxcolo.process.lane_order import LaneOrder
-from jaxcolo.process import launch, lifetime
+from jaxcolo.process import launch, lifetime, options
 from jaxcolo.process.results import Call, Plan
 from jaxcolo.process.sending import CallSending
 from jaxcolo.transport import blobs, interrupts
@@ -74,48 +72,6 @@ _LANE_MASK = (1 << 63) - 1
 # close() waits up to this long for multi-host calls that failed on some
 # host to be done on the others and resumed (running workers).
 CLOSE_SETTLE_TIMEOUT = 5.0
-
-
-def _id_ranges(ids) -> str:
-    """Sorted ints as "0-3, 6, 8-9"."""
-    parts, start = [], None
-    for i, x in enumerate(ids):
-        if start is None:
-            start = x
-        if i + 1 == len(ids) or ids[i + 1] != x + 1:
-            parts.append(str(start) if start == x else f"{start}-{x}")
-            start = None
-    return ", ".join(parts)
-
-
-def _seconds(value, what: str) -> float:
-    """A finite number of seconds > 0 (ValueError otherwise: None or inf
-    would stop a watchdog, not turn a limit off)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
-            not 0 < value < math.inf:
-        raise ValueError(f"{what} must be a finite number of seconds > 0, "
-                         f"got {value!r}")
-    return float(value)
-
-
-# A worker is lost after lost_timeout without a message: at least this many
-# heartbeat periods, or a worker that is merely idle would be taken for lost.
-HEARTBEATS_PER_LOST = 3
-
-
-def _heartbeat(heartbeat, lost_timeout: float) -> float:
-    """The heartbeat period: ``heartbeat`` seconds (ValueError unless
-    ``lost_timeout`` spans HEARTBEATS_PER_LOST of them), or by default 1 s,
-    or a quarter of a shorter ``lost_timeout``."""
-    if heartbeat is None:
-        return min(1.0, lost_timeout / 4)
-    heartbeat = _seconds(heartbeat, "heartbeat")
-    if lost_timeout < HEARTBEATS_PER_LOST * heartbeat:
-        raise ValueError(
-            f"lost_timeout ({lost_timeout}s) must be at least "
-            f"{HEARTBEATS_PER_LOST}x heartbeat ({heartbeat}s): an idle "
-            "worker is silent between heartbeats and would be taken for lost")
-    return heartbeat
 
 
 class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
@@ -153,35 +109,22 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
                  max_version: int | None = None, shm: bool = True,
                  shm_retain: int = blobs.DEFAULT_RETAIN,
                  local_transport: str = "unix", worker_args=()):
-        if (num_hosts is None) == (addresses is None):
-            raise ValueError("give either num_hosts (start workers) or "
-                             "addresses (connect to running workers)")
-        if addresses is not None:
-            if isinstance(addresses, (str, bytes)):
-                raise TypeError("addresses must be a list of 'HOST:PORT' (or "
-                                "'unix:PATH') strings, one per running "
-                                f"worker, not a {type(addresses).__name__}")
-            addresses = list(addresses)
-            if not addresses:
-                raise ValueError("addresses is empty: give one 'HOST:PORT' "
-                                 "per running worker")
-            if not authkey:
-                raise ValueError("connecting to running workers needs "
-                                 "authkey")
-        if authkey is not None and not isinstance(authkey, bytes):
-            raise TypeError(f"authkey must be bytes, not "
-                            f"{type(authkey).__name__}")
+        addresses = options.check_hosts(num_hosts, addresses, authkey)
         self._devices = list(devices if devices is not None
                              else jax.local_devices(backend="cpu"))
         self._by_id = {d.id: d for d in self._devices}
         self._hello = controller_hello(min_version, max_version)
         self._authkey = authkey or secrets.token_bytes(32)
         self._opts = dict(
-            timeout=_seconds(connect_timeout, "connect_timeout"),
-            lost_timeout=_seconds(lost_timeout, "lost_timeout"),
-            heartbeat=_heartbeat(heartbeat, lost_timeout), use_shm=shm,
+            timeout=options.check_seconds(connect_timeout,
+                                          "connect_timeout"),
+            lost_timeout=options.check_seconds(lost_timeout,
+                                               "lost_timeout"),
+            heartbeat=options.heartbeat_period(heartbeat, lost_timeout),
+            use_shm=shm,
             shm_retain=blobs.check_retain(shm_retain, "shm_retain"))
-        self._start_timeout = _seconds(start_timeout, "start_timeout")
+        self._start_timeout = options.check_seconds(start_timeout,
+                                                    "start_timeout")
         self._call_timeout = check_timeout(call_timeout, "call_timeout")
         self._straggler_timeout = check_timeout(straggler_timeout,
                                                 "straggler_timeout")
@@ -245,7 +188,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
                 raise
         else:
             self._device_map = None
-            self._addresses = list(addresses)
+            self._addresses = addresses
             self._reconnect_locks = [threading.Lock() for _ in
                                      self._addresses]
             self._reconnect_failed: dict = {}  # host -> (time, message)
@@ -291,7 +234,7 @@ class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
         except UnknownDeviceError as e:  # a device no connected host owns
             raise UnknownDeviceError(
                 f"{e.reason}: no host of this executor owns it (its hosts "
-                f"own device ids {_id_ranges(sorted(self._owner))})",
+                f"own device ids {options.id_ranges(sorted(self._owner))})",
                 e.path) from None
         with self._lock:
             self._stats["programs_decoded"] += 1
