@@ -563,6 +563,7 @@ def test_a_host_lost_while_others_run_a_multi_host_call_starts_their_watch(
     (["--num-hosts", "2", "--host-index", "1", "--coordinator", "foo"],
      "needs --coordinator HOST:PORT"),
     (["--num-hosts", "2"], "needs --coordinator HOST:PORT"),
+    (["--init-timeout", "0"], "--init-timeout must be >= 1"),
 ])
 def test_worker_refuses_arguments_it_could_never_serve(keyfile, args,
                                                        reason):
@@ -749,3 +750,29 @@ def test_a_scripts_namedtuples_work_on_workers(tmp_path):
         "in 2", "out True 2", "same True 2", "named 2", "nested True",
         "redefined 2", "methods True 2 2", "edited 2 101", "uncarried 2",
         "uncarried edit 10 AttributeError"]
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_a_second_controller_is_told_the_worker_serves_another(
+        keyfile, tmp_path, transport):
+    """A second controller of a worker listening on a Unix socket mostly
+    got 'connection lost: [Errno 32] Broken pipe' (its setup send found
+    the connection the worker had closed after writing why), not the
+    refusal: it now reads the refusal waiting for it."""
+    listen = (f"unix:{tmp_path / 'w.sock'}" if transport == "unix"
+              else "127.0.0.1:0")
+    proc = _start(keyfile, "--listen", listen)
+    try:
+        line = proc.stdout.readline()
+        assert " listening on " in line, line
+        addr = line.split()[-1]
+        key = keyfile.read_bytes()
+        with jaxcolo.ProcessExecutor(addresses=[addr], authkey=key) as ex:
+            for _ in range(10):
+                with pytest.raises(jaxcolo.ExecutorError,
+                                   match="already serves a controller"):
+                    jaxcolo.ProcessExecutor(addresses=[addr], authkey=key)
+            assert ok_call(ex) == 42
+    finally:
+        proc.terminate()
+        proc.wait(10)

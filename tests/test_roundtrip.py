@@ -282,6 +282,10 @@ def test_device_resolver():
     with pytest.raises(jaxcolo.PayloadError,
                        match=r"unknown device id 5.*\$\.meshes\[0\]\.device_ids"):
         jaxcolo.deserialize(data, device_resolver=devs[:5])
+    # A sequence stands for the devices it holds, each by its own id (as
+    # the README says): its order does not remap ids.
+    back = jaxcolo.deserialize(data, device_resolver=devs[::-1])
+    assert back == mesh and back.devices.flat[0] is mesh.devices.flat[0]
     with pytest.raises(jaxcolo.PayloadError, match="unknown device id"):
         jaxcolo.deserialize(jaxcolo.serialize(devs[7]),
                             device_resolver=lambda i: None)

@@ -588,3 +588,29 @@ def test_frames_come_out_whole_and_in_order():
     with pytest.raises(ExecutorError, match="connection lost"):
         chan.recv()
     peer.close()
+
+
+@pytest.mark.parametrize("name,text,used,warned", [
+    ("JAXCOLO_SPIN", "abc", 0.0002, True),
+    ("JAXCOLO_SPIN", "-1", 0.0002, True),
+    ("JAXCOLO_SPIN", "inf", 0.0002, True),
+    ("JAXCOLO_SPIN", "0", 0.0, False),
+    ("JAXCOLO_SPIN", "0.001", 0.001, False),
+    ("JAXCOLO_FRAME_TIMEOUT", "abc", 120.0, True),
+    ("JAXCOLO_FRAME_TIMEOUT", "0", 120.0, True),
+    ("JAXCOLO_FRAME_TIMEOUT", "inf", float("inf"), False)])
+def test_timing_environment_variables_are_checked(name, text, used, warned):
+    """JAXCOLO_SPIN=abc made every import of the executor fail with
+    'could not convert string to float' (JAXCOLO_FRAME_TIMEOUT warned and
+    used its default); both now warn and use their default."""
+    import subprocess
+    import sys
+    attr = "SPIN" if name == "JAXCOLO_SPIN" else "FRAME_TIMEOUT"
+    out = subprocess.run(
+        [sys.executable, "-c", "from jaxcolo.transport import channel; "
+         f"print(repr(channel.{attr}))"],
+        env=dict(os.environ, **{name: text}), capture_output=True, text=True,
+        timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) == used
+    assert (f"{name}={text!r} is not a" in out.stderr) == warned, out.stderr

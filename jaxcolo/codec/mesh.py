@@ -131,7 +131,8 @@ def make_resolver(device_resolver=None) -> Resolver:
     """Normalize the ``device_resolver`` argument of ``deserialize``.
 
     Accepts None (default devices), a Mapping id -> Device, a sequence of
-    devices, or a callable id -> Device (returning None or raising
+    devices (each standing for its own ``.id``; not indexed by position),
+    or a callable id -> Device (returning None or raising
     KeyError/LookupError for unknown ids).
     """
     if device_resolver is None:

@@ -39,6 +39,7 @@ log = logging.getLogger("jaxcolo.executor")
 READ_POLL = 0.05    # seconds between checks of a reader's stop condition
 IDLE_READ = 0.2     # the background reader reads after this long unread
 CLOSE_SEND_WAIT = 1.0  # close() skips the shutdown message behind a stuck send
+REFUSAL_READ_WAIT = 1.0  # a setup send failed: read why the worker refused
 # A silent started worker that used at least this share of a watchdog
 # period in CPU time is busy, not lost.
 BUSY_SHARE = 0.25
@@ -131,10 +132,17 @@ class HostLink:
         name, cleanup = (blobs.probe_segment(token)
                          if use_shm and blobs.available() else (None, None))
         try:
-            self.send(messages.Message(
-                K.setup, heartbeat_ms=max(1, int(heartbeat * 1000)),
-                text=name, token=token if name else None))
-            reply = messages.decode(self.channel.recv(timeout), self.version)
+            try:
+                self.send(messages.Message(
+                    K.setup, heartbeat_ms=max(1, int(heartbeat * 1000)),
+                    text=name, token=token if name else None))
+            except ConnectionLost:  # a worker that refused this
+                reply = self._refusal_waiting()  # controller wrote why and
+                if reply is None:                # closed: the send can find
+                    raise                        # it closed (unix: EPIPE)
+            else:
+                reply = messages.decode(self.channel.recv(timeout),
+                                        self.version)
         finally:
             if cleanup is not None:
                 cleanup()
@@ -147,6 +155,16 @@ class HostLink:
         if name and reply.token == token:
             self.pool = blobs.SegmentPool(f"c{self.index}",
                                           self._shm_retain)
+
+    def _refusal_waiting(self):
+        """The error message a worker wrote before closing, if it waits
+        unread (else None)."""
+        try:
+            reply = messages.decode(self.channel.recv(REFUSAL_READ_WAIT),
+                                    self.version)
+        except (ExecutorError, PayloadError):
+            return None
+        return reply if reply.kind == K.error else None
 
     # ------------------------------------------------------------ sending
     def send(self, m: messages.Message, frames=(),

@@ -64,7 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shm-retain", type=int, default=None,
                    help="bytes of shared-memory pages this worker's idle "
                         "segments keep for reuse (default 256 MiB)")
-    p.add_argument("--init-timeout", type=int, default=60)
+    p.add_argument("--init-timeout", type=int, default=60,
+                   help="seconds the hosts of a --num-hosts > 1 cluster "
+                        "wait for each other to join it (default 60)")
     p.add_argument("--log-level", default="WARNING")
 
 
@@ -146,6 +148,8 @@ def check_arguments(args) -> None:
         except (OSError, OverflowError) as e:
             bad(f"--ready-fd {args.ready_fd}: not an open file "
                 f"({getattr(e, 'strerror', None) or e})")
+    if args.init_timeout < 1:
+        bad(f"--init-timeout must be >= 1 (seconds), got {args.init_timeout}")
     if args.shm_retain is not None and args.shm_retain < 0:
         bad(f"--shm-retain must be >= 0 (bytes), got {args.shm_retain}")
     try:

@@ -36,28 +36,35 @@ MAX_FRAME = 64 << 20
 READ_STEP = 1 << 20
 _LENGTH = struct.Struct("!i")
 _LENGTH64 = struct.Struct("!Q")
-# Seconds a receiver expecting a frame soon polls without sleeping before it
-# blocks (saves a scheduler wake-up per message); JAXCOLO_SPIN overrides.
-SPIN = float(os.environ.get("JAXCOLO_SPIN", "0.0002"))
-DEFAULT_TIMEOUT = 10.0
-# Seconds a frame may take to arrive once its first byte is readable (a peer
-# that stalls mid-frame is disconnected); JAXCOLO_FRAME_TIMEOUT overrides.
-def _frame_timeout_from_env(default: float = 120.0) -> float:
-    text = os.environ.get("JAXCOLO_FRAME_TIMEOUT")
+def _seconds_from_env(name: str, default: float, zero: bool,
+                      most: float = float("inf")) -> float:
+    """Environment variable ``name`` as seconds, up to ``most`` (``inf``:
+    never; 0 only if ``zero``), else ``default`` -- with a warning if it is
+    set to anything else (a typo must not stop every import of the
+    executor)."""
+    text = os.environ.get(name)
     if text is None:
         return default
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0:  # also NaN; "inf" means never
-        log.warning("JAXCOLO_FRAME_TIMEOUT=%r is not a positive number of "
-                    "seconds; using %s", text, default)
+    if not (value >= 0 if zero else value > 0) or value > most:  # (NaN)
+        log.warning("%s=%r is not a %s number of seconds%s; using %s", name,
+                    text, "non-negative" if zero else "positive",
+                    f" up to {most}" if most < float("inf") else "", default)
         return default
     return value
 
 
-FRAME_TIMEOUT = _frame_timeout_from_env()
+# Seconds a receiver expecting a frame soon polls without sleeping before it
+# blocks (saves a scheduler wake-up per message); JAXCOLO_SPIN overrides
+# (0: never spin).
+SPIN = _seconds_from_env("JAXCOLO_SPIN", 0.0002, zero=True, most=1.0)
+DEFAULT_TIMEOUT = 10.0
+# Seconds a frame may take to arrive once its first byte is readable (a peer
+# that stalls mid-frame is disconnected); JAXCOLO_FRAME_TIMEOUT overrides.
+FRAME_TIMEOUT = _seconds_from_env("JAXCOLO_FRAME_TIMEOUT", 120.0, zero=False)
 # A TCP peer that vanishes (host down, network partition) is detected by
 # kernel keepalive probes: idle seconds, probe interval, probe count.
 KEEPALIVE = (10, 5, 3)
