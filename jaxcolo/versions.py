@@ -53,8 +53,12 @@ HISTORY: tuple[VersionInfo, ...] = (
         "layout",             # ShapeDtypeStruct(sharding=Format(layout, s))
     )),
     VersionInfo(5, 1, (
-        # No schema change: readers before 5 fail on OpShardings with
-        # last_tile_dims (subgroup types, e.g. shard_map's manual subgroups).
+        # No schema change: OpShardings with last_tile_dims (subgroup types,
+        # e.g. shard_map's manual subgroups).  Readers frozen at 1..3 fail
+        # on them; late version-4 readers read them, and late version-4
+        # writers stamped them readable by 1, so readers read them whatever
+        # the header says (LENIENT), and `jaxcolo check` finds them in the
+        # body (saying version 5, the first whose every reader reads them).
         "hlo_last_tile_dims",
         # No schema change: an AbstractDevice without platform (writers 1..3
         # left an empty platform out).  Readers of 4 read it as None, not
@@ -93,8 +97,12 @@ HISTORY: tuple[VersionInfo, ...] = (
     VersionInfo(8, 1, (
         # No schema change: a namedtuple class registered as a custom pytree
         # node is a custom node (kind custom, its registered name and
-        # auxdata).  Readers before 8 rebuilt such a node as a plain
-        # namedtuple of its children: wrong, silently.
+        # auxdata).  Readers before 7 rebuild such a node as a plain
+        # namedtuple of its children: wrong, silently.  Late version-7
+        # writers already wrote it so, stamped readable by 1, so readers
+        # read it whatever the header says (LENIENT), and `jaxcolo check`
+        # finds it in the body (saying version 8, the first whose every
+        # reader reads it).
         "namedtuple_custom_node",
     )),
     VersionInfo(9, 1, (
@@ -141,7 +149,8 @@ FEATURE_SINCE: dict[str, int] = {
 # writers stamped them so); readers note where they meet one (note_used).
 LENIENT = frozenset({"mesh_without_axes", "symbolic_past_cost_model",
                      "custom_node_rebuilt",
-                     "abstract_device_without_platform"})
+                     "abstract_device_without_platform",
+                     "hlo_last_tile_dims", "namedtuple_custom_node"})
 
 _USED: contextvars.ContextVar = contextvars.ContextVar("jaxcolo_used",
                                                        default=None)

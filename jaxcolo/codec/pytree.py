@@ -21,6 +21,7 @@ import jaxcolo_fb as fb
 from jaxcolo_fb import KeyKind
 from jaxcolo_fb import LeafKind
 from jaxcolo_fb import NodeKind
+from jaxcolo import versions
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.names import custom_namedtuple_error, factory_name, \
     found_by_name, is_namedtuple, plain_namedtuple, qualified, \
@@ -368,10 +369,8 @@ def _build_node_data(builder, d) -> int:
 
 # ------------------------------------------------------------------ decode
 
-def decode_treedef(t, path: str, reader=None):
-    """Rebuild a PyTreeDef from its table, checking every count and key
-    (and, given the payload's ``reader``, that its header declares the
-    reader version the tree's features need)."""
+def decode_treedef(t, path: str):
+    """Rebuild a PyTreeDef from its table, checking every count and key."""
     kinds = t.bytes(L.kinds, path, "kinds") or b""
     arities = t.ints(L.arities, "u32", path, "arities")
     data_pos = t.tables(L.node_data, path, "node_data")
@@ -388,8 +387,8 @@ def decode_treedef(t, path: str, reader=None):
             f"{path}.kinds")
     if state.a != len(arities) or state.d != len(data_pos):
         raise PayloadError("arities/node_data not fully consumed", path)
-    if state.custom_namedtuples and reader is not None:
-        reader.check_declared("namedtuple_custom_node", path)
+    if state.custom_namedtuples:  # read under any header: late version-7
+        versions.note_used("namedtuple_custom_node")  # writers stamped it 1
     return td
 
 
@@ -493,7 +492,7 @@ def _build_treedef_entry(writer, builder, flat):
 
 
 def _decode_treedef_entry(reader, t, path):
-    return decode_treedef(t, path, reader)
+    return decode_treedef(t, path)
 
 
 def _intern_treedef(writer, td, path):

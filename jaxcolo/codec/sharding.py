@@ -18,6 +18,7 @@ import jaxcolo_fb as fb
 from jaxcolo_fb import LeafKind
 from jaxcolo_fb import ShardingKind
 from jaxcolo_fb import SpecEntry
+from jaxcolo import versions
 from jaxcolo.codec import opsharding
 from jaxcolo.codec.core import register_leaf, register_table
 from jaxcolo.codec.mesh import CACHED_NAMES_SIZE, intern_abstract_mesh, \
@@ -152,8 +153,8 @@ def build_hlo_sharding(writer, builder, blob) -> int:
 def decode_hlo_sharding(reader, t, path):
     blob = t.bytes(LH.op_sharding, path, "op_sharding") or b""
     hlo, proto = opsharding.parse_proto(blob, f"{path}.op_sharding")
-    if proto.last_tile_dims:
-        reader.check_declared("hlo_last_tile_dims", f"{path}.op_sharding")
+    if proto.last_tile_dims:  # read under any header: late version-4
+        versions.note_used("hlo_last_tile_dims")  # writers stamped it 1
     return hlo
 
 

@@ -367,7 +367,7 @@ def decode_leaves(reader: core.Reader):
     st = root.table(L.structure, "$", "structure")
     if st is None:
         raise PayloadError("structure missing", "$.structure")
-    structure = decode_treedef(st, "$.structure", reader)
+    structure = decode_treedef(st, "$.structure")
     kinds = root.bytes(L.leaf_kinds, "$", "leaf_kinds") or b""
     refs = root.ints(L.leaf_refs, "u32", "$", "leaf_refs")
     n = structure.num_leaves
