@@ -41,8 +41,9 @@ IDLE_READ = 0.2     # the background reader reads after this long unread
 CLOSE_SEND_WAIT = 1.0  # close() skips the shutdown message behind a stuck send
 REFUSAL_READ_WAIT = 1.0  # a setup send failed: read why the worker refused
 # A silent started worker that used at least this share of a watchdog
-# period in CPU time is busy, not lost.
-BUSY_SHARE = 0.25
+# period in CPU time is busy, not lost (low: on a loaded machine a busy
+# worker gets a small share of a core; a hung one uses next to none).
+BUSY_SHARE = 0.1
 
 
 class HostLink:
