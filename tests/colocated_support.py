@@ -99,6 +99,21 @@ def process_running(pid: int) -> bool:
         return False
 
 
+def wait_collected(ref, seconds: float = 10.0, until=None) -> None:
+    """Collect garbage until weakref ``ref`` is dead (AssertionError after
+    ``seconds``, or once ``until()`` is true first): the thread that
+    completed a future may hold its call a moment longer."""
+    import gc
+    deadline = time.monotonic() + seconds
+    while True:
+        gc.collect()
+        if ref() is None:
+            return
+        assert time.monotonic() < deadline and not (until and until()), \
+            f"{ref()!r} was not collected"
+        time.sleep(0.01)
+
+
 def stop_process(pid: int, timeout: float = 10.0) -> None:
     """SIGSTOP process ``pid`` and return once it is stopped.  The signal
     lands asynchronously: until one of its threads takes it, the others

@@ -355,14 +355,14 @@ def test_costly_symbolic_text_is_bounded(monkeypatch, text, reason):
     payload's parse budget: read or refused, fast."""
     import time
     data = _with_symbolic_text(monkeypatch, text)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     if reason is None:
         jaxcolo.deserialize(data)
     else:
         with pytest.raises(jaxcolo.PayloadError, match=reason + r".* - at "
                            r"\$\.arrays\.extras\[0\]\.symbolic_dims"):
             jaxcolo.deserialize(data)
-    assert time.perf_counter() - t0 < 3.0
+    assert time.process_time() - t0 < 3.0
     if reason == _STOPPED:
         assert symbolic.writable_text(text, "$")[1]  # the writer counts too
     elif reason is None:
@@ -381,12 +381,12 @@ def test_long_products_are_charged_for_jaxs_quadratic_work(monkeypatch):
     import time
     data = _with_symbolic_text(
         monkeypatch, "*".join(f"a{i}" for i in range(8000)))
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(jaxcolo.PayloadError, match=r"text to parse is out "
                        r"of proportion.* - at \$\.arrays\.extras\[0\]"
                        r"\.symbolic_dims"):
         jaxcolo.deserialize(data)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
     (d,) = export.symbolic_shape("*".join(f"a{i}" for i in range(2000)))
     with pytest.raises(jaxcolo.EncodeError, match=r"long products"):
         jaxcolo.serialize(jax.ShapeDtypeStruct((d,), np.float32))
@@ -441,11 +441,11 @@ def test_a_chain_of_rewrite_rules_is_refused_fast(monkeypatch):
                   lambda key, path: (0, False))
         (c,) = export.symbolic_shape("c", constraints=("c >= 1",))
         data = jaxcolo.serialize(jax.ShapeDtypeStruct((c,), np.float32))
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(jaxcolo.PayloadError, match=r"'d == a\^512' " + _BIG +
                        r".* - at \$\.scopes\[0\]\.constraints\[2\]"):
         jaxcolo.deserialize(data)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
     with pytest.raises(jaxcolo.EncodeError, match=_BIG):
         jaxcolo.serialize(jax.ShapeDtypeStruct(export.symbolic_shape(
             "c", constraints=evil[:3]), np.float32))
@@ -501,11 +501,11 @@ def test_max_min_is_counted(costly):
     for read, payload in ((jaxcolo.deserialize, data),
                           (jaxcolo.inspect, data),
                           (jexport.deserialize, exported)):
-        t = time.perf_counter()
+        t = time.process_time()
         with pytest.raises(jaxcolo.PayloadError, match=r"takes JAX's work out "
                            r"of proportion to the payload size"):
             read(payload)
-        assert time.perf_counter() - t < 5
+        assert time.process_time() - t < 5
 
 
 def test_a_held_scope_keeps_no_bounds_of_later_decodes():
@@ -1414,9 +1414,9 @@ def test_inspect_bounds_the_text_of_trees_sharing_node_data():
     data = jaxcolo.serialize([structure, treedef])
     assert len(data) < 20_000
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     info = jaxcolo.inspect(data)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 50_000
     assert info["structure"] == ("PyTreeDef of 1003 nodes and 1 leaves (not "
                                  "printed: over 128000 characters)")

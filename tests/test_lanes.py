@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from jaxcolo.process.lanes import HoldingGate, LaneRunner
 
@@ -13,6 +12,7 @@ def test_try_inline_runs_in_the_calling_thread_and_queues_later_work():
     order, threads = [], []
     release = threading.Event()
     done = threading.Event()
+    waiting = threading.Event()  # first() got to its wait
 
     def first():
         threads.append(threading.current_thread())
@@ -22,12 +22,13 @@ def test_try_inline_runs_in_the_calling_thread_and_queues_later_work():
         lanes.submit("a", lambda: (order.append(3), done.set()))
         assert not lanes.try_inline("a", lambda: order.append("never"))
         assert lanes.try_inline("b", lambda: order.append("b"))  # other lane
+        waiting.set()
         release.wait(5)
         order.append(1.5)
 
     t = threading.Thread(target=lambda: lanes.try_inline("a", first))
     t.start()
-    time.sleep(0.05)
+    assert waiting.wait(5)
     assert order == [1, "b"]  # lane a is still running its inline task
     release.set()
     t.join(5)

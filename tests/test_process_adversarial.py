@@ -418,7 +418,13 @@ def test_a_call_timeout_covers_waiting_behind_another_send(tmp_path):
             sender = threading.Thread(
                 target=lambda: results.append(float(f(big)[0])))
             sender.start()
-            time.sleep(0.5)  # its send blocks: the socket buffer is full
+            lock = ex._links[0].channel._send_lock
+            deadline = time.monotonic() + 30
+            while not lock.locked():  # its send blocks: the socket buffer
+                assert time.monotonic() < deadline  # fills
+                time.sleep(0.01)
+            time.sleep(0.2)
+            assert lock.locked() and sender.is_alive()
             t0 = time.monotonic()
             with pytest.raises(ExecutorError, match="it was not sent"):
                 with ex.timeout(1.0):

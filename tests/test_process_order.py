@@ -15,7 +15,7 @@ import pytest
 
 import jaxcolo
 from jaxcolo.errors import ExecutorError
-from tests.colocated_support import stop_process
+from tests.colocated_support import stop_process, wait_collected
 
 
 def _writer(log_file, tag, delay=0.0):
@@ -115,8 +115,8 @@ def test_a_deferred_call_that_times_out_is_not_sent_nor_kept(hosts,
     with pytest.raises(ExecutorError, match="before it was sent.*it was "
                                             "not sent"):
         fq.result(timeout=10)
-    gc.collect()
-    assert ref() is None and not fs.done()
+    wait_collected(ref, until=fs.done)  # let go before the slow call ends
+    assert not fs.done()
     fs.result(timeout=30)
     quick(x7)
     with open(log_file) as fh:

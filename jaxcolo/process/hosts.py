@@ -19,6 +19,7 @@ for ``lost_timeout`` seconds.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import secrets
@@ -40,10 +41,18 @@ READ_POLL = 0.05    # seconds between checks of a reader's stop condition
 IDLE_READ = 0.2     # the background reader reads after this long unread
 CLOSE_SEND_WAIT = 1.0  # close() skips the shutdown message behind a stuck send
 REFUSAL_READ_WAIT = 1.0  # a setup send failed: read why the worker refused
-# A silent started worker that used at least this share of a watchdog
-# period in CPU time is busy, not lost (low: on a loaded machine a busy
-# worker gets a small share of a core; a hung one uses next to none).
+# A silent started worker that used at least this share of the last
+# lost_timeout in CPU time is busy, not lost (low: on a loaded machine a
+# busy worker gets a small share of a core; a hung one uses next to none).
 BUSY_SHARE = 0.1
+
+
+def _busy(samples) -> bool:
+    """Whether the CPU time in ``samples`` ((time, CPU seconds or None),
+    oldest first) grew by BUSY_SHARE of the time they span."""
+    (t0, c0), (t1, c1) = samples[0], samples[-1]
+    return c0 is not None and c1 is not None and t1 > t0 and \
+        c1 - c0 >= (t1 - t0) * BUSY_SHARE
 
 
 class HostLink:
@@ -109,11 +118,17 @@ class HostLink:
         stops its heartbeats, not its work)."""
         period = min(1.0, self._lost_timeout / 4)
         pid = self._started_pid
-        cpu = procs.cpu_seconds(pid) if pid is not None else None
+        # (time, CPU seconds) over the last lost_timeout: a busy worker is
+        # judged by its CPU share over that span, not one period's (on a
+        # loaded machine a single period can get it little CPU)
+        samples = collections.deque(
+            maxlen=int(self._lost_timeout / period) + 1)
+        if pid is not None:
+            samples.append((time.monotonic(), procs.cpu_seconds(pid)))
         while not self._lost:
             time.sleep(period)
-            was, cpu = cpu, (procs.cpu_seconds(pid) if pid is not None
-                             else None)
+            if pid is not None:
+                samples.append((time.monotonic(), procs.cpu_seconds(pid)))
             silent = min(time.monotonic() - self.last_seen,
                          self.channel.silent_for())
             if silent <= self._lost_timeout or self._lost:
@@ -121,8 +136,7 @@ class HostLink:
             if self.channel.input_waiting():
                 self.kick()  # (read by a caller, else in the background)
                 continue
-            if cpu is not None and was is not None and \
-                    cpu - was >= period * BUSY_SHARE:
+            if _busy(samples):
                 continue  # working, GIL held: no heartbeats, no reply yet
             self.lost(f"no message for {silent:.1f}s (heartbeats "
                       "stopped)")
