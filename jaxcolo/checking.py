@@ -46,11 +46,11 @@ def check_readable(data, reader_version: int) -> tuple[bool, str]:
                            f"{versions.SCHEMA_VERSION} ({e})")
         except PayloadError as e:
             return False, f"malformed payload: {e}"
-    try:  # every table, also those the decoded objects do not use (as
-        from jaxcolo.inspection import inspect  # inspect walks them)
-        inspect(data)
-    except PayloadError as e:
-        return False, f"malformed payload: {e}"
+        try:  # every table, also those the decoded objects do not use (as
+            from jaxcolo.inspection import inspect  # inspect walks them;
+            inspect(data)  # it goes on past content this process lacks,
+        except PayloadError as e:  # and notes what it meets there too)
+            return False, f"malformed payload: {e}"
     # Features readers read whatever the header says (earlier writers
     # stamped them readable by older readers, which refuse them).
     for feature in sorted(used, key=versions.FEATURE_SINCE.get):

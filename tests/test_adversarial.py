@@ -1860,3 +1860,47 @@ def test_bounds_dims_share_are_charged_once_by_writer_and_reader(tmp_path):
         env=dict(os.environ, PYTHONPATH=os.path.dirname(
             os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0 and out.stdout.strip() == "12", out.stderr
+
+
+_PROGRAM_ON_DEVICE_9 = r"""
+import os, sys, zlib
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=16"
+sys.path.insert(0, sys.argv[1])
+import jax, numpy as np, jaxcolo
+from jax.sharding import SingleDeviceSharding
+from jaxcolo import envelope
+from jaxcolo.colocated.program import encode_program
+from tests import corpus
+
+def reseal(data, min_reader):
+    magic, w, r, k, f, res, _ = envelope.HEADER.unpack_from(data, 0)
+    body = bytes(data[16:])
+    return envelope.HEADER.pack(magic, w, min_reader, k, f, res,
+                                zlib.crc32(body)) + body
+
+d = jax.devices()
+sds = lambda i: jax.ShapeDtypeStruct((2,), np.float32,
+                                     sharding=SingleDeviceSharding(d[i]))
+ins = jaxcolo.serialize(((sds(9),), {}))
+outs = reseal(jaxcolo.serialize(corpus.Swapped(sds(0), sds(0))), 2)
+prog = encode_program(name="f", kind="function", body=b"x", in_specs=ins,
+                      out_specs=outs, device_ids=[0, 9])
+sys.stdout.buffer.write(reseal(prog, 2))
+"""
+
+
+def test_check_agrees_with_inspect_past_content_this_process_lacks():
+    """A program whose in_specs name a device this process lacks: check
+    stopped decoding there and called it readable by 7, missing the
+    namedtuple custom node of its out_specs under a legacy header that
+    inspect (which walks on) found: readable from 8."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    data = subprocess.run([sys.executable, "-c", _PROGRAM_ON_DEVICE_9, root],
+                          capture_output=True, timeout=120, check=True).stdout
+    assert jaxcolo.inspect(data)["readable_by_versions"][0] == 8
+    ok, why = check_readable(data, 7)
+    assert not ok and "namedtuple_custom_node" in why, why
+    ok, why = check_readable(data, 8)
+    assert ok and "fine where it exists" in why, why

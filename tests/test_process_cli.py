@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxcolo
 from jaxcolo.process.launch import free_port
-from tests.colocated_support import cpu_devices, ok_call, put
+from tests.colocated_support import cpu_devices, ok_call, put, stop_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -778,4 +778,31 @@ def test_a_second_controller_is_told_the_worker_serves_another(
             assert ok_call(ex) == 42
     finally:
         proc.terminate()
+        proc.wait(10)
+
+
+def test_a_silent_running_worker_is_lost_after_lost_timeout(keyfile):
+    """A running worker (addresses=: no pid to watch) that stopped: the
+    watchdog thread died on its empty CPU samples (IndexError), so the
+    worker was never lost and the call waited for ever."""
+    proc = _start(keyfile, "--listen", "127.0.0.1:0")
+    try:
+        addr = _address(proc)
+        f = jaxcolo.colocated_python(lambda x: x * 3).specialize(
+            out_specs_fn=lambda x: x)
+        x = put(np.float32(2), cpu_devices()[0])
+        with jaxcolo.ProcessExecutor(addresses=[addr],
+                                     authkey=keyfile.read_bytes(),
+                                     lost_timeout=2.0) as ex, \
+                jaxcolo.use_executor(ex):
+            assert float(f(x)) == 6.0
+            stop_process(proc.pid)
+            t0 = time.monotonic()
+            with pytest.raises(jaxcolo.ExecutorError,
+                               match=r"was lost while this call was in "
+                                     r"flight \(no message for"):
+                f.submit(x).result(timeout=30)
+            assert time.monotonic() - t0 < 20
+    finally:
+        proc.kill()
         proc.wait(10)

@@ -45,11 +45,14 @@ REFUSAL_READ_WAIT = 1.0  # a setup send failed: read why the worker refused
 # lost_timeout in CPU time is busy, not lost (low: on a loaded machine a
 # busy worker gets a small share of a core; a hung one uses next to none).
 BUSY_SHARE = 0.1
+MAX_BUSY_SAMPLES = 64  # (a lost_timeout of hours: judged over 63 periods)
 
 
 def _busy(samples) -> bool:
     """Whether the CPU time in ``samples`` ((time, CPU seconds or None),
     oldest first) grew by BUSY_SHARE of the time they span."""
+    if len(samples) < 2:  # (no pid: a running worker, not started here)
+        return False
     (t0, c0), (t1, c1) = samples[0], samples[-1]
     return c0 is not None and c1 is not None and t1 > t0 and \
         c1 - c0 >= (t1 - t0) * BUSY_SHARE
@@ -121,8 +124,8 @@ class HostLink:
         # (time, CPU seconds) over the last lost_timeout: a busy worker is
         # judged by its CPU share over that span, not one period's (on a
         # loaded machine a single period can get it little CPU)
-        samples = collections.deque(
-            maxlen=int(self._lost_timeout / period) + 1)
+        samples = collections.deque(maxlen=min(
+            int(self._lost_timeout / period) + 1, MAX_BUSY_SAMPLES))
         if pid is not None:
             samples.append((time.monotonic(), procs.cpu_seconds(pid)))
         while not self._lost:
