@@ -130,13 +130,21 @@ class FastBuilder:
     def CreateString(self, s) -> int:
         """The string ``s``; EncodeError (at "$": callers that know where
         it goes re-root it) if a str is not text UTF-8 can hold (lone
-        surrogates), the one way every writer learns of those."""
-        try:
-            b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
-        except UnicodeEncodeError as e:
-            raise EncodeError(
-                f"string {s!r:.80} cannot be written as UTF-8 ({e.reason}, "
-                f"at index {e.start})") from None
+        surrogates), or ``s`` is neither str nor bytes (JAX takes any
+        hashable as an axis name: an int must not become that many NULs),
+        the one way every writer learns of those."""
+        if isinstance(s, str):
+            try:
+                b = s.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise EncodeError(
+                    f"string {s!r:.80} cannot be written as UTF-8 "
+                    f"({e.reason}, at index {e.start})") from None
+        elif isinstance(s, (bytes, bytearray, memoryview)):
+            b = bytes(s)
+        else:
+            raise EncodeError(f"{type(s).__name__} {s!r:.80} is not a str: "
+                              "names are written as text")
         self.Prep(4, len(b) + 1)
         self.buf.append(0)
         self.buf.extend(b[::-1])

@@ -228,6 +228,7 @@ def describe_spec_tree(data, header) -> tuple[dict, object]:
         key = ("devices_unavailable" if isinstance(e, UnknownDeviceError)
                else "content_unavailable")
         out[key] = str(e)
+        reader.walk_available()  # (features used past it: readable_by)
     return out, obj
 
 

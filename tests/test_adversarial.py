@@ -1904,3 +1904,39 @@ def test_check_agrees_with_inspect_past_content_this_process_lacks():
     assert not ok and "namedtuple_custom_node" in why, why
     ok, why = check_readable(data, 8)
     assert ok and "fine where it exists" in why, why
+
+
+_SPEC_TREE_ON_DEVICE_9 = r"""
+import os, sys, zlib
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=16"
+import jax, numpy as np, jaxcolo
+from jax.sharding import Mesh
+from jax._src.lib import xla_client as xc
+from jaxcolo import envelope
+d = jax.devices()
+hs = xc.HloSharding.subgroup_with_device_ordering(
+    np.arange(8).reshape(2, 2, 2), [xc.OpSharding.Type.MANUAL])
+data = jaxcolo.serialize({"a": Mesh(np.array(d[8:10]), ("x",)), "b": hs})
+magic, w, r, k, f, res, _ = envelope.HEADER.unpack_from(data, 0)
+body = bytes(data[16:])
+sys.stdout.buffer.write(envelope.HEADER.pack(magic, 4, 1, k, f, res,
+                                             zlib.crc32(body)) + body)
+"""
+
+
+def test_features_past_a_missing_device_are_found():
+    """A spec tree as a late v4 writer stamped it (readable by 1), whose
+    mesh names devices this process lacks: decoding stopped there, so the
+    HloSharding with last_tile_dims after it was never seen and check
+    said readable by 3 (inspect: from 1), though readers 1..3 fail on it."""
+    import subprocess
+    import sys
+    data = subprocess.run([sys.executable, "-c", _SPEC_TREE_ON_DEVICE_9],
+                          capture_output=True, timeout=120, check=True).stdout
+    info = jaxcolo.inspect(data)
+    assert "devices_unavailable" in info
+    assert info["readable_by_versions"][0] == 5
+    ok, why = check_readable(data, 4)
+    assert not ok and "hlo_last_tile_dims" in why, why
+    ok, why = check_readable(data, 5)
+    assert ok and "fine where it exists" in why, why

@@ -517,3 +517,29 @@ def test_the_whole_corpus_at_the_oldest_readable_version():
         assert jaxcolo.deserialize(data) == obj, where
         written += 1
     assert written > 100 and refused >= 1, (written, refused)
+
+
+def test_names_that_are_not_text_and_repeated_devices_are_encode_errors():
+    """JAX takes any hashable as an axis name: an int name was written as
+    that many NUL bytes (a different mesh, silently; 10 MB for 10**7), a
+    tuple name leaked TypeError.  JAX also takes a device twice in a mesh
+    or device list: the writer wrote what its own reader refuses."""
+    from jax._src import core, sharding_impls
+    from jax.sharding import AbstractMesh, Mesh, PartitionSpec as P
+    from jax._src.lib import xla_client as xc
+    d = jax.devices()
+    for obj in (Mesh(np.array(d).reshape(2, 4), (0, 1)),
+                Mesh(np.array(d[:2]), (("a", "b"),)),
+                AbstractMesh((2, 4), (0, 1)),
+                P(None, reduced={1}),
+                jax.ShapeDtypeStruct((2,), np.float32,
+                                     manual_axis_type=core.ManualAxisType(
+                                         varying=frozenset({3})))):
+        with pytest.raises(jaxcolo.EncodeError, match="is not a str"):
+            jaxcolo.serialize([obj])
+    for obj in (Mesh(np.array([d[0], d[0]]), ("x",)),
+                sharding_impls.GSPMDSharding((d[0], d[0]),
+                                             xc.HloSharding.replicate()),
+                xc.DeviceList((d[0], d[0]))):
+        with pytest.raises(jaxcolo.EncodeError, match="duplicate device"):
+            jaxcolo.serialize([obj])

@@ -21,7 +21,7 @@ import dataclasses
 from typing import Any, Callable
 
 from jaxcolo import versions
-from jaxcolo.errors import EncodeError, PayloadError
+from jaxcolo.errors import EncodeError, PayloadError, UnavailableHereError
 from jaxcolo.wire import Buffer, Table
 
 
@@ -167,6 +167,15 @@ class Writer:
         raise EncodeError(reason, path)
 
 
+class _Unavailable:
+    """A memo entry whose decoding needed what this process lacks."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: UnavailableHereError):
+        self.error = error
+
+
 class Reader:
     """State of one payload being decoded: memoized unique-table entries."""
 
@@ -231,15 +240,33 @@ class Reader:
         if obj is None:
             codec = TABLES[table]
             entry_path = f"{self.root_path}.{codec.field}[{index}]"
-            if codec.open is not None:
-                obj = codec.decode(self, self._columns[codec.field], index,
-                                   entry_path)
-            else:
-                t = self.buf.table_at(self._positions[table][index],
-                                      entry_path)
-                obj = codec.decode(self, t, entry_path)
+            try:
+                if codec.open is not None:
+                    obj = codec.decode(self, self._columns[codec.field],
+                                       index, entry_path)
+                else:
+                    t = self.buf.table_at(self._positions[table][index],
+                                          entry_path)
+                    obj = codec.decode(self, t, entry_path)
+            except UnavailableHereError as e:  # once: entries referring to
+                memo[index] = _Unavailable(e)  # it fail at once (inspect
+                raise                          # walks on past it)
             memo[index] = obj
+        elif obj.__class__ is _Unavailable:
+            e = obj.error
+            raise type(e)(e.reason, e.path)
         return obj
+
+    def walk_available(self) -> None:
+        """Decode every entry of every table that does not need what this
+        process lacks, so features used past such content are noted
+        (versions.noting_used); a malformed entry is a PayloadError."""
+        for table in TABLES:
+            for index in range(self.count(table)):
+                try:
+                    self.get(table, index, self.root_path)
+                except UnavailableHereError:
+                    pass
 
     def get_optional(self, table: str, ref: int, path: str) -> Any:
         """``ref`` is 1 + index, or 0 for None."""

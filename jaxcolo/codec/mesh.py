@@ -394,10 +394,14 @@ MAX_DEVICE_ID = 2**32 - 1
 
 
 def device_id_array(ids, path) -> np.ndarray:
-    """Device ids as the schema's uint32 vector (EncodeError if out of range)."""
+    """Device ids as the schema's uint32 vector (EncodeError if out of
+    range, or repeated: JAX takes a device twice in a mesh or device list,
+    readers refuse it)."""
     ids = np.asarray(ids, np.int64).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() > MAX_DEVICE_ID):
         raise EncodeError(f"device ids must be in 0..{MAX_DEVICE_ID}", path)
+    if len(set(ids.tolist())) != ids.size:
+        raise EncodeError("duplicate device ids (a device used twice)", path)
     return ids.astype(np.uint32)
 
 
