@@ -199,6 +199,11 @@ class Table:
         self.vtlen = vtlen
         self.tlen = tlen
 
+    def present(self, voff: int) -> bool:
+        """Whether the vtable says the field is there (its offset is not
+        checked: that is done where the field is read)."""
+        return voff < self.vtlen and _U16(self.buf.data, self.vt + voff)[0] != 0
+
     def _field(self, voff: int, width: int, path: str, name: str) -> int:
         """Absolute position of a field, or 0 when it is absent."""
         if voff >= self.vtlen:

@@ -54,7 +54,10 @@ class Layout:
 
 
 def _present(t, voff) -> bool:
-    return t._field(voff, 1, "$", "?") != 0
+    """Presence only (what the writer wrote); a field whose value counts is
+    read, and its offset checked, where it is read -- as deserialize does,
+    which never reads some of them (nr_devices_short beside nr_devices)."""
+    return t.present(voff)
 
 
 def scan(data) -> Layout:
