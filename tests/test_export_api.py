@@ -817,3 +817,17 @@ def test_bundled_avals_keep_the_shardings_jax_reads():
             [(a.sharding, a.memory_space) for a in theirs.in_avals]
         assert got.out_avals == theirs.out_avals
         assert check_readable(data, jaxcolo.SCHEMA_VERSION)[0]
+
+
+def test_detection_reads_presence_only_fields_from_the_vtable():
+    """A bad offset in nr_devices_short (present beside nr_devices, which
+    deserialize reads instead, as JAX does) failed detection at the
+    meaningless path '$.?': presence is read from the vtable alone."""
+    data = bytearray(_golden("0.10.2", "shape_poly"))
+    data[21] = 4  # nr_devices_short's vtable entry: an offset past the table
+    data = bytes(data)
+    assert str(je.deserialize(data).in_avals) == str(je.deserialize(
+        _golden("0.10.2", "shape_poly")).in_avals)
+    with pytest.raises(jaxcolo.PayloadError, match=r"match no JAX "
+                       r"serialization version's layout .* - at \$$"):
+        je.serialization_version(data)
