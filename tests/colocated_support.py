@@ -90,13 +90,18 @@ def get_state(name):
     return on_host(lambda: getattr(colocated_state, name))
 
 
-def process_running(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
+def _process_state(pid: int) -> str | None:
+    """Process ``pid``'s state letter (R, S, T, Z, ...), None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError):  # (reaped meanwhile)
-        return False
+        return None
+
+
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    return _process_state(pid) not in (None, "Z")
 
 
 def wait_collected(ref, seconds: float = 10.0, until=None) -> None:
@@ -122,9 +127,7 @@ def stop_process(pid: int, timeout: float = 10.0) -> None:
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + timeout
     while True:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        if state in ("T", "t"):
+        if _process_state(pid) in ("T", "t"):
             return
         assert time.monotonic() < deadline, f"pid {pid} did not stop"
         time.sleep(0.001)

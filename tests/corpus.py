@@ -226,11 +226,11 @@ def misc():
         jmesh.AbstractMesh((2, 4), ("x", "y")),
         jmesh.AbstractMesh((2,), ("x",), abstract_device=jmesh.AbstractDevice(
             "cpu", None, "")),
-        _manual_subgroup_sharding(),
+        manual_subgroup_sharding(),
     ] + ALL_DTYPES
 
 
-def _manual_subgroup_sharding():
+def manual_subgroup_sharding():
     """An HloSharding with last_tile_dims (shard_map's manual subgroups)."""
     from jax._src.lib import xla_client as xc
     op = xc.OpSharding()

@@ -18,10 +18,10 @@ from typing import NamedTuple
 import jax
 import numpy as np
 import pytest
-from jax._src.lib import xla_client as xc
 
 import jaxcolo
 from jaxcolo.checking import check_readable
+from tests import corpus
 
 HERE = os.path.join(os.path.dirname(__file__), "golden", "legacy")
 MANIFEST = json.load(open(os.path.join(HERE, "manifest.json")))["payloads"]
@@ -48,13 +48,7 @@ def _namedtuple_custom_node():
 
 
 def _hlo_last_tile_dims():
-    op = xc.OpSharding()
-    op.type = xc.OpSharding.Type.OTHER
-    op.tile_assignment_dimensions = [2, 2, 2]
-    op.iota_reshape_dims = [8]
-    op.iota_transpose_perm = [0]
-    op.last_tile_dims = [xc.OpSharding.Type.MANUAL]
-    return [xc.HloSharding.from_proto(op)]
+    return [corpus.manual_subgroup_sharding()]
 
 
 # name -> (the object written, the feature's version: check's answer)
