@@ -1919,8 +1919,16 @@ def test_a_send_that_finds_the_worker_gone_declares_it_lost():
     with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
         assert int(f(x)) == 3
         for rep in range(3):
+            link = ex._links[0]
             os.kill(ex.worker_pids()[0], signal.SIGKILL)
-            time.sleep(0.05)  # dead, well before the reader's next poll
+            # its end of the connection closed, well before the background
+            # reader's next read (the kernel may close a killed process's
+            # sockets some time after it is a zombie: a send before that
+            # still succeeds, and the reply's read finds the reset)
+            deadline = time.monotonic() + 10
+            while not link.channel.input_waiting() and \
+                    time.monotonic() < deadline:
+                time.sleep(0.001)
             try:
                 assert int(f(x)) == 3  # (the restart came first)
             except jaxcolo.ExecutorError as e:

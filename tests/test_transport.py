@@ -424,12 +424,12 @@ def test_segment_pool_frees_idle_pages_past_retain():
     used freed first (a segment alone past the budget frees its own, not
     the others' warm pages); a freed segment stays valid for the peer's
     open file (a later lease's bytes are read there)."""
-    from jaxcolo.transport import blobs
+    from jaxcolo.transport import blobs, peer_segments
     if not blobs.available():
         pytest.skip("no /dev/shm")
     mib = 1 << 20
     pool = blobs.SegmentPool("t", retain=3 * mib)
-    maps = blobs.SegmentMaps()
+    maps = peer_segments.SegmentMaps()
     try:
         small, mid, big = (pool.lease(2 * mib), pool.lease(2 * mib),
                            pool.lease(8 * mib))
@@ -479,13 +479,13 @@ def test_a_view_past_a_shrunk_segment_file_is_refused():
 import gc, os, sys
 name = sys.argv[1]
 sys.path[:0] = sys.argv[2:]
-from jaxcolo.transport import blobs
+from jaxcolo.transport import blobs, peer_segments
 size = 1 << 20
 fd = os.open(os.path.join(blobs.SHM_DIR, name),
              os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
 try:
     os.ftruncate(fd, size)
-    maps = blobs.SegmentMaps()
+    maps = peer_segments.SegmentMaps()
     maps.add(1, name, size)
     assert int(maps.view(1, 0, 4096)[0]) == 0  # (mapped now)
     gc.collect()

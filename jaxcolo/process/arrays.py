@@ -260,7 +260,7 @@ def message_buffers(m, channel, maps, released):
 
     Reads the out-of-band frames that follow ``m`` on ``channel`` now (they
     come next in the stream) and maps the segments ``m`` announces into
-    ``maps`` (a ``blobs.SegmentMaps``).  A shared-memory view puts its lease
+    ``maps`` (a ``peer_segments.SegmentMaps``).  A shared-memory view puts its lease
     id on ``released`` (a queue) once the view is garbage."""
     s = m.shards
     frames = {}

@@ -32,7 +32,8 @@ Contract (see ``jaxcolo.colocated.executor`` for the Executor interface):
   retried.  Local workers are then restarted (the whole cluster when there
   are several hosts); calls wait for the restart; class instances that
   lived on a restarted host raise ExecutorError rather than silently
-  starting over.  Start-up, loss and restart: ``jaxcolo.process.hostset``.
+  starting over.  Start-up, loss and restart: ``jaxcolo.process.hostset``;
+  multi-host calls that fail on some host: ``jaxcolo.process.stragglers``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from jaxcolo.process.lane_order import LaneOrder
 from jaxcolo.process import launch, lifetime, options
 from jaxcolo.process.results import Call, Plan
 from jaxcolo.process.sending import CallSending
+from jaxcolo.process.stragglers import MultiHostSettling
 from jaxcolo.transport import blobs, interrupts
 
 _LANE_MASK = (1 << 63) - 1
@@ -74,7 +76,8 @@ _LANE_MASK = (1 << 63) - 1
 CLOSE_SETTLE_TIMEOUT = 5.0
 
 
-class ProcessExecutor(HostSet, CallSending, ProgramForgetting, Executor):
+class ProcessExecutor(HostSet, MultiHostSettling, CallSending,
+                      ProgramForgetting, Executor):
     """Runs colocated programs in worker processes (see module docstring).
 
     ``num_hosts``: start this many local workers, each owning an equal

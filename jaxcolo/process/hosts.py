@@ -31,7 +31,7 @@ from jaxcolo_fb import MessageKind as K
 from jaxcolo import versions
 from jaxcolo.errors import ConnectionLost, ExecutorError, PayloadError
 from jaxcolo.process import arrays, messages
-from jaxcolo.transport import blobs, channel as ch, handshake, procs
+from jaxcolo.transport import blobs, channel as ch, handshake, peer_segments, procs
 from jaxcolo.transport.interrupts import CRITICAL
 from jaxcolo.transport.writer import SendDeadline, acquire_until, \
     seconds_until
@@ -73,7 +73,7 @@ class HostLink:
         self.pid = pid
         self._started_pid = pid  # a worker this process started (local)
         self.pool = None
-        self.maps = blobs.SegmentMaps()
+        self.maps = peer_segments.SegmentMaps()
         self.registered: set = set()
         self.register_lock = threading.Lock()
         # program ids to forget on the worker, not sent yet (the connection

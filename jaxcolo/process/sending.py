@@ -22,7 +22,7 @@ import threading
 from jaxcolo.colocated.futures import executor_thread
 from jaxcolo.errors import ConnectionLost, ExecutorError
 from jaxcolo.process import messages, packing, templates
-from jaxcolo.process.hostset import RESUME_SINCE
+from jaxcolo.process.stragglers import RESUME_SINCE
 from jaxcolo.process.hosts import HostLink
 from jaxcolo.process.results import Call
 from jaxcolo.transport import interrupts

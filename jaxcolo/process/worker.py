@@ -46,7 +46,7 @@ from jaxcolo.process.program_table import ProgramTable
 from jaxcolo.process.remote_errors import error_message
 from jaxcolo.process.wedge import WEDGE
 from jaxcolo.versions import FEATURE_SINCE
-from jaxcolo.transport import blobs, channel as channel_mod
+from jaxcolo.transport import blobs, channel as channel_mod, peer_segments
 
 log = logging.getLogger("jaxcolo.worker")
 RESUME_SINCE = FEATURE_SINCE["message_resume"]
@@ -85,7 +85,7 @@ class Session:
         self._pool = None                    # our segments, when shm works
         self._shm_retain = blobs.DEFAULT_RETAIN if shm_retain is None \
             else shm_retain
-        self._maps = blobs.SegmentMaps()     # the controller's segments
+        self._maps = peer_segments.SegmentMaps()     # the controller's segments
         self._released: queue.SimpleQueue = queue.SimpleQueue()
         self._heartbeat = 1.0
         self._set_up = False

@@ -3,13 +3,13 @@
 Each side of a connection sends large buffers in segments it owns
 (:class:`SegmentPool`): files under ``/dev/shm`` that it creates, maps and
 reuses, at most MAX_SEGMENTS of them.  A segment is *leased* for one buffer;
-the receiver maps the segment (:class:`SegmentMaps`: once, at its first
-announcement in a message), reads the buffer in place -- JAX on CPU may alias
+the receiver maps the segment (``peer_segments.SegmentMaps``: once, at its
+first announcement in a message), reads the buffer in place -- JAX on CPU may alias
 the mapping, with no copy -- and sends the lease id back when the buffer's
 own owner object is collected (JAX keeps it alive, through the numpy array
 it aliases, while it uses the bytes), so the sender reuses the segment (warm
 pages on both sides: no page faults on the next call).  A receiver keeps at
-most MAX_HELD buffers in place; more still in use are copied out and their
+most ``peer_segments.MAX_HELD`` buffers in place; more still in use are copied out and their
 leases given back, so kept arrays do not pin segments (and open files).
 Idle segments keep their pages only up to a budget (``retain`` bytes per
 pool, least recently used dropped first): past it a segment's pages are
@@ -17,7 +17,7 @@ freed (the file is cut to nothing and grown back, sparse), and its next
 lease allocates them again.  The segment itself, its name and the peer's
 open file and mapping stay as they are, so this needs nothing from the
 peer: a released lease has no user left on the receiving side (see
-:class:`SegmentMaps`), and cutting the file drops the peer's page tables
+``peer_segments.SegmentMaps``), and cutting the file drops the peer's page tables
 for it too.
 
 Files are unlinked as soon as the receiver has mapped them (at the first
@@ -32,7 +32,6 @@ Nothing here is specific to JAX; buffers are numpy uint8 views.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import mmap
 import os
@@ -40,23 +39,19 @@ import queue
 import secrets
 import stat
 import threading
-import weakref
 
 import numpy as np
 
-from jaxcolo.transport import procs
 
 SHM_DIR = "/dev/shm"
 MIN_SEGMENT = 1 << 20
 DEFAULT_RETAIN = 256 << 20  # bytes of pages idle segments keep, per pool
 # Each segment costs open files on both sides (the owner's file and
 # mapping, the peer's mapping): a pool has at most this many segments (more
-# buffers leased at once go in frames), and a receiver keeps at most
-# MAX_HELD peer buffers in place (more buffers still in use, e.g. results a
-# caller keeps, are copied out and their leases given back), so open files
-# stay bounded however many arrays are kept or calls queued.
+# buffers leased at once go in frames); a receiver bounds the buffers it
+# keeps in place (``peer_segments.MAX_HELD``), so open files stay bounded
+# however many arrays are kept or calls queued.
 MAX_SEGMENTS = 32
-MAX_HELD = 24
 
 
 class PoolFull(Exception):
@@ -312,145 +307,13 @@ class SegmentPool:
             self._leases.clear()
 
 
-class _PeerSegment:
-    """An announced segment of the peer: one mapping of all of it, kept for
-    every buffer read from it -- its page tables stay filled while the peer
-    keeps the pages, so reading a reused segment costs no page faults.
-    (The mapping holds the file open; no other descriptor is kept.)"""
-
-    __slots__ = ("size", "mm", "owner_type")
-
-    def __init__(self, mm, size: int):
-        self.mm = mm
-        self.size = size
-        self.owner_type = ctypes.c_ubyte * size
-
-    def file_size(self) -> int:
-        """The size of the peer's file now (it may have been cut)."""
-        return self.mm.size()
-
-    def owner(self):
-        """A new object exporting the whole mapping: a ctypes array, which
-        (unlike a numpy view or memoryview) a weakref can follow, and which
-        numpy keeps as the base of every view made from it."""
-        return self.owner_type.from_buffer(self.mm)
-
-
-class SegmentMaps:
-    """The peer's segments, mapped at their first announcement.
-
-    Each segment is mapped once (:class:`_PeerSegment`), and every buffer
-    read from it gets an *owner* object of its own over that mapping
-    (:meth:`view`).  JAX on CPU may alias a buffer's memory; it then keeps
-    a numpy array over it alive, and with it the array's base -- the owner,
-    which numpy never collapses past, while views and aliases all lead to
-    it.  So "the buffer is no longer used" is "its owner was collected",
-    and the lease goes back only then (reusing the segment earlier
-    overwrote arrays still in use).  A new mapping per buffer would say the
-    same but fill its page tables again on every read (as costly as
-    copying the bytes once more).  At most ``max_held`` buffers are in use
-    in place at once; more are copied out, their leases given back at once
-    (so the peer's segments, and the files both sides hold open, stay
-    bounded however many arrays are kept)."""
-
-    def __init__(self, max_held: int = MAX_HELD):
-        self._segments: dict[int, _PeerSegment] = {}
-        self.names: dict[int, str] = {}
-        self._lock = threading.Lock()
-        self.max_held = max_held
-        self._held: dict[int, bool] = {}  # ids of the owners in use
-
-    def add(self, sid: int, name: str, size: int) -> None:
-        """Map an announced segment, replacing one announced before with
-        the same id (OSError if it cannot be opened or mapped)."""
-        path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_RDWR)
-        try:
-            if os.fstat(fd).st_size < size:
-                raise OSError(f"segment {name} is smaller than announced")
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
-        finally:
-            os.close(fd)
-        with self._lock:  # (a replaced mapping lives while buffers use it)
-            self._segments[sid] = _PeerSegment(mm, size)
-            self.names[sid] = name
-
-    def view(self, sid: int, offset: int, size: int, on_unused=None):
-        """``size`` bytes at ``offset`` of segment ``sid``, with an owner
-        of their own (KeyError if the segment was never announced,
-        ValueError if out of bounds).  ``on_unused()`` runs once nothing
-        uses the bytes any more (no view, array or alias of them is left),
-        at once if they were copied out (``max_held`` buffers in use)."""
-        with self._lock:
-            seg = self._segments[sid]
-            if offset < 0 or size < 0 or offset + size > seg.size:
-                raise ValueError(f"{offset}+{size} bytes outside segment "
-                                 f"{sid} ({seg.size} bytes)")
-            # the peer's file may have shrunk since it was announced: its
-            # pages past the end would fault with SIGBUS when read
-            held = seg.file_size()
-            if offset + size > held:
-                raise ValueError(f"{offset}+{size} bytes outside segment "
-                                 f"{sid}, whose file now holds {held} bytes")
-            owner = seg.owner()
-            in_place = len(self._held) < self.max_held
-            if in_place:  # (dict operations: atomic, in a finalizer too)
-                self._held[id(owner)] = True
-                weakref.finalize(owner, self._held.pop, id(owner), None)
-        if not in_place:
-            out = np.frombuffer(owner, np.uint8, size, offset).copy()
-            del owner
-            if on_unused is not None:
-                on_unused()
-            return out
-        if on_unused is not None:
-            weakref.finalize(owner, on_unused)
-        return np.frombuffer(owner, np.uint8, size, offset)
-
-    def in_use(self) -> bool:
-        """Whether any of the peer's segments is open (buffers may be
-        viewed)."""
-        return bool(self._segments)
-
-    def unlink_all(self) -> None:
-        """Remove the files of every segment seen (the peer is lost)."""
-        with self._lock:
-            for name in self.names.values():
-                unlink(name)
-
-    def unlink_dead_owners(self) -> None:
-        """Remove every segment file of the peer pools whose segments were
-        seen, when the process that made them is dead: killed, it may have
-        made segments it never announced, which nobody else would find.
-        (Pool names are ``jaxcolo-<pid>-<token>-<tag>``: the random token
-        keeps another process that got the same pid out of it.)"""
-        with self._lock:
-            names = list(self.names.values())
-        pools = set()
-        for name in names:
-            parts = name.split("-")
-            if len(parts) >= 5 and parts[0] == "jaxcolo" and \
-                    parts[1].isdigit():
-                pools.add((int(parts[1]), "-".join(parts[:4]) + "-"))
-        for pid, prefix in pools:
-            if not procs.alive(pid):
-                _unlink_prefixed(prefix)
-
-    def clear(self) -> None:
-        """Forget the segments (mappings in use live on; the others are
-        closed as they are collected)."""
-        with self._lock:
-            self._segments.clear()
-            self.names.clear()
-
-
 def unlink_process_segments(pid: int) -> None:
     """Remove every segment file a (lost) process ``pid`` of this machine
     created: SegmentPool names start with ``jaxcolo-<pid>-``."""
-    _unlink_prefixed(f"jaxcolo-{int(pid)}-")
+    unlink_prefixed(f"jaxcolo-{int(pid)}-")
 
 
-def _unlink_prefixed(prefix: str) -> None:
+def unlink_prefixed(prefix: str) -> None:
     """Remove this user's segment files whose names start with ``prefix``."""
     try:
         names = os.listdir(SHM_DIR)
