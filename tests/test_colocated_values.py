@@ -88,6 +88,63 @@ def test_keys_strings_and_numbers_in_one_tree(executor):
                                       out["rbg_data"])
 
 
+def test_keys_and_strings_a_host_holds_no_shard_of(executor):
+    """A function over every device given a key or string array on one
+    device: under ProcessExecutor(num_hosts=2) the host owning none of its
+    shards failed the call ("If the Array has no addressable shards, `dtype`
+    must be provided"), where numbers, JAX and InlineExecutor run it."""
+    devs = cpu_devices()
+    data = jax.device_put(np.arange(8.0, dtype=np.float32),
+                          NamedSharding(Mesh(np.array(devs), ("x",)),
+                                        P("x")))
+    key = jax.device_put(jax.random.key(7), devs[0])
+    words = jax.device_put(np.array(["a", "bc"], STR), devs[0])
+
+    @jaxcolo.colocated_python
+    def step(data, extra):
+        return data
+
+    step = step.specialize(devices=devs)
+    for _ in range(2):
+        for extra in (key, words):
+            out = step(data, extra)
+            assert out.sharding == data.sharding
+            np.testing.assert_array_equal(jax.device_get(out),
+                                          np.arange(8.0))
+
+
+@pytest.mark.parametrize("kind", ["key", "str", "f32"])
+def test_keys_and_strings_keep_their_memory_kind(executor, kind):
+    """A key or string array in pinned_host memory (as an argument and as a
+    result) failed under ProcessExecutor: each shard was put in the
+    device's default memory ("Memory kind mismatch"), where numbers,
+    JAX and InlineExecutor keep the memory kind."""
+    d = cpu_devices()[0]
+    pinned = jax.sharding.SingleDeviceSharding(d, memory_kind="pinned_host")
+    value = {"key": lambda: jax.random.key(3),
+             "str": lambda: np.array(["x", "yz"], STR),
+             "f32": lambda: np.float32(2.5)}[kind]
+    x = jax.device_put(value(), pinned)
+
+    @jaxcolo.colocated_python
+    def made_here(seed):  # a result made on the host, in pinned memory
+        return jax.device_put(value(), jax.sharding.SingleDeviceSharding(
+            seed.sharding._device, memory_kind="pinned_host"))
+
+    ident = jaxcolo.colocated_python(lambda v: v)
+    seed = jax.device_put(np.float32(1), d)
+    for _ in range(2):
+        for out in (ident(x), made_here(seed)):
+            assert out.sharding == pinned
+            assert out.dtype == x.dtype
+            if kind == "key":
+                np.testing.assert_array_equal(jax.random.key_data(out),
+                                              jax.random.key_data(x))
+            else:
+                np.testing.assert_array_equal(jax.device_get(out),
+                                              jax.device_get(x))
+
+
 def test_module_state_is_visible_and_module_not_pickled(executor):
     # An unpicklable object in the module that holds the state: pickling the
     # module along with the functions would fail.

@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-import weakref
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,7 @@ import pytest
 
 import jaxcolo
 from jaxcolo.errors import ExecutorError
-from tests.colocated_support import stop_process, wait_collected
+from tests.colocated_support import stop_process
 
 
 def _writer(log_file, tag, delay=0.0):
@@ -74,7 +73,8 @@ def test_callbacks_of_calls_the_pump_fails_run_elsewhere(hosts):
     b(_on(7, jnp.ones(4)))
     doomed, ok7 = _on(7, jnp.ones(4)), _on(7, jnp.ones(4))
     fa = a.submit(_on(0, jnp.ones(4)))
-    fb = b.submit(doomed)  # deferred
+    doomed.delete()  # fb fails when it is packed (a deferred call copies
+    fb = b.submit(doomed)  # its inputs, but this one is gone already)
     fc = b.submit(ok7)     # deferred behind it
     seen = {}
     ran = threading.Event()
@@ -88,7 +88,6 @@ def test_callbacks_of_calls_the_pump_fails_run_elsewhere(hosts):
             seen["fc"] = repr(e)
         ran.set()
     fb.add_done_callback(callback)
-    doomed.delete()  # fb fails when it is packed
     fa.result(timeout=30)
     assert ran.wait(20)
     assert fb.exception() is not None
@@ -106,21 +105,53 @@ def test_a_deferred_call_that_times_out_is_not_sent_nor_kept(hosts,
     x0, x7 = _on(0, jnp.ones(4)), _on(7, jnp.ones(4))
     slow(x0), quick(x7)
     open(log_file, "w").close()
-    big7 = _on(7, jnp.ones(1 << 20, jnp.float32))
-    ref = weakref.ref(big7)
+    big7 = _on(7, jnp.ones((1 << 20) + 3, jnp.float32))
     fs = slow.submit(x0)
     with hosts.timeout(0.3):
-        fq = quick.submit(big7)  # deferred behind fs
+        fq = quick.submit(big7)  # deferred behind fs (with its own copy)
     del big7
     with pytest.raises(ExecutorError, match="before it was sent.*it was "
                                             "not sent"):
         fq.result(timeout=10)
-    wait_collected(ref, until=fs.done)  # let go before the slow call ends
+    deadline = time.monotonic() + 10  # (the copy) let go before the slow
+    while any(a.shape == ((1 << 20) + 3,) for a in jax.live_arrays()):
+        assert time.monotonic() < deadline and not fs.done()  # call ends
+        gc.collect()
+        time.sleep(0.01)
     assert not fs.done()
     fs.result(timeout=30)
     quick(x7)
     with open(log_file) as fh:
         assert fh.read().split() == ["slow", "quick"]
+
+
+@pytest.mark.parametrize("change", ["delete", "donate"])
+def test_a_deferred_call_keeps_its_inputs_when_the_caller_drops_them(
+        hosts, tmp_path, change):
+    """``submit`` of a call deferred behind the thread's call on another
+    host kept references to its inputs, not their values: deleting or
+    donating one after submit returned failed the call ("Array has been
+    deleted"), where a call sent at once had copied them already."""
+    log_file = str(tmp_path / "log")
+    slow = _writer(log_file, "slow", 0.5)
+    quick = _writer(log_file, "quick")
+    x0 = _on(0, jnp.ones(4))
+    slow(x0), quick(_on(7, jnp.ones(4)))
+    for n in (5, 3 << 20):  # in the message; in shared memory
+        x7 = _on(7, jnp.arange(n, dtype=jnp.float32))
+        fs = slow.submit(x0)
+        fq = quick.submit(x7)  # deferred behind fs
+        assert not fs.done()
+        if change == "delete":
+            x7.delete()
+        else:
+            jax.jit(lambda v: v * 2, donate_argnums=0)(x7)
+            assert x7.is_deleted()
+        fs.result(timeout=30)
+        out = fq.result(timeout=30)
+        assert out.sharding == jax.sharding.SingleDeviceSharding(
+            jax.devices()[7])
+        assert (jax.device_get(out) == jnp.arange(n, dtype=jnp.float32)).all()
 
 
 def test_a_timeout_covers_waiting_for_destroys_stuck_on_another_host():

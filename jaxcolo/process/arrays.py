@@ -232,15 +232,18 @@ def assemble(layout: Layout, found: dict, leaf: int, what: str):
         except (TypeError, AttributeError):  # pragma: no cover - JAX drift
             pass
     arrays = []
+    memory_kind = layout.sharding.memory_kind  # (each shard in its memory)
     for part, h in zip(layout.parts, hosts):
-        a = jax.device_put(h, part[0])
+        a = jax.device_put(h, jax.sharding.SingleDeviceSharding(
+            part[0], memory_kind=memory_kind))
         if layout.kind == "key":
             a = jax.random.wrap_key_data(a, impl=layout.impl)
         arrays.append(a)
     if layout.single and layout.kind != "key":
         return arrays[0]
+    # (a host owning none of the shards has none to take the dtype from)
     return jax.make_array_from_single_device_arrays(
-        layout.shape, layout.sharding, arrays)
+        layout.shape, layout.sharding, arrays, dtype=layout.dtype)
 
 
 def release_deferred() -> None:

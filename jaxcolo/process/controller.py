@@ -64,7 +64,7 @@ from jaxcolo.process.hosts import controller_hello
 from jaxcolo.process.hostset import HostSet
 from jaxcolo.process.instances import DestroyQueue
 from jaxcolo.process.lane_order import LaneOrder
-from jaxcolo.process import launch, lifetime, options
+from jaxcolo.process import launch, lifetime, options, packing
 from jaxcolo.process.results import Call, Plan
 from jaxcolo.process.sending import CallSending
 from jaxcolo.process.stragglers import MultiHostSettling
@@ -199,7 +199,8 @@ class ProcessExecutor(HostSet, MultiHostSettling, CallSending,
         self._deadlines = Deadlines(lifetime.weak(self._expired),
                                     lifetime.weak(self._check_stragglers))
         self._destroys = DestroyQueue(lifetime.weak(self._send_destroy))
-        self._lane_order = LaneOrder(lifetime.weak(self._dispatch))
+        self._lane_order = LaneOrder(lifetime.weak(self._dispatch),
+                                     keep=packing.private_copies)
         # Ctrl-C waits until the main thread is between messages
         self._sigint = interrupts.install()
         owned.deadlines, owned.destroys = self._deadlines, self._destroys

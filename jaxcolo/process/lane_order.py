@@ -15,7 +15,10 @@ call that failed on one host is done once no host runs it any more, and
 one that timed out once all its parts were sent: ``Call.when_settled``),
 a thread sends
 the deferred calls, oldest first, for as long as they are for the host set
-of the calls it sent (or those are done).  A deferred call keeps its
+of the calls it sent (or those are done).  A deferred call holds its own
+copies of its arguments (``keep``), taken before its caller goes on: an
+input deleted or donated after ``submit`` returned costs it nothing, as a
+call sent at once (its inputs copied as they are sent).  It keeps its
 deadline (it may time out while it waits; it is then not sent, and its
 arguments are let go), and ``close(error)`` fails the calls still deferred.
 A synchronous single-host call of a lane with nothing in flight costs one
@@ -55,10 +58,13 @@ class _Lane:
 
 class LaneOrder:
     """``dispatch(call, args, lane_id, limit)`` sends a call; it must fail
-    the call (not raise) on any error of its own."""
+    the call (not raise) on any error of its own.  ``keep(args)``: copies
+    of a deferred call's arguments that later changes to them (deletion,
+    donation) do not touch."""
 
-    def __init__(self, dispatch: Callable):
+    def __init__(self, dispatch: Callable, keep: Callable | None = None):
         self._dispatch = dispatch
+        self._keep = keep
         self._lock = threading.Lock()
         self._lanes: dict = {}
         self._closed = None  # the error deferred calls fail with at close
@@ -93,6 +99,7 @@ class LaneOrder:
         if entry is not None:  # failed while it waits (a timeout): its
             Future.add_done_callback(  # arguments are not kept
                 call.future, lambda _: entry.__setitem__(1, None))
+            self._keep_copies(entry, args)
             return False
         if wait:  # closed: it would never be sent
             call.fail(self._closed)
@@ -100,6 +107,23 @@ class LaneOrder:
         if counted:
             self._count(call, lane)
         return True
+
+    def _keep_copies(self, entry, args) -> None:
+        """Have deferred ``entry`` hold copies of ``args`` (unless it was
+        sent or failed meanwhile).  A copy that fails (an input deleted
+        already) leaves the arguments: sending them fails the call."""
+        if self._keep is None:
+            return
+        try:
+            kept = self._keep(args)
+        except Exception as e:  # noqa: BLE001 - the send reports it
+            log.debug("deferred call keeps its arguments: %s", e)
+            return
+        with self._lock:
+            if entry[1] is args:
+                entry[1] = kept
+        if entry[0].future.done():
+            entry[1] = None
 
     def _count(self, call, lane: _Lane) -> None:
         call.when_settled(lambda: self._finished(lane))

@@ -64,6 +64,14 @@ def host_array(data, dtype) -> tuple[np.ndarray | bytes, int]:
 _SINGLE = jax.sharding.SingleDeviceSharding
 
 
+def private_copies(xs) -> list:
+    """Copies of jax.Arrays ``xs`` in their own buffers, on the same
+    shardings (what a call that waits to be sent holds: its caller may
+    delete or donate the inputs meanwhile)."""
+    return [jax.device_put(x, x.sharding, may_alias=False)
+            if isinstance(x, jax.Array) else x for x in xs]
+
+
 def inline_shards(xs, devices=None):
     """(signature, data) when a Packer would put every array of ``xs``
     (leaf i: ``xs[i]``, on ``devices``; None: addressable) in the message as
