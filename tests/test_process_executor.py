@@ -740,6 +740,55 @@ def test_timeout_covers_waiting_for_a_restart():
         assert ok_call(ex) == 42 and ex.worker_pids()[0] != pid
 
 
+def _children() -> set:
+    out = set()
+    for task in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{task}/children") as fh:
+                out |= {int(p) for p in fh.read().split()}
+        except OSError:
+            pass
+    return out
+
+
+def _host_index_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            args = fh.read().split(b"\0")
+    except OSError:
+        return None
+    if b"--host-index" not in args:
+        return None
+    return int(args[args.index(b"--host-index") + 1])
+
+
+def test_a_worker_dying_while_the_cluster_restarts_fails_that_start_at_once():
+    """A restarting cluster's host-1 worker killed while it started: the
+    start waited for host 0, which waited in jax.distributed for host 1
+    until its init timeout (60 s), so every call waited over a minute.
+    Every worker's exit is watched together now: the next start begins at
+    once."""
+    with jaxcolo.ProcessExecutor(num_hosts=2) as ex:
+        assert ok_call(ex) == 42
+        old = set(ex.worker_pids())
+        before = _children()
+        os.kill(ex.worker_pids()[1], signal.SIGKILL)  # the cluster restarts
+        deadline = time.monotonic() + 60
+        victim = None
+        while victim is None:  # the new host 1, while it starts
+            assert time.monotonic() < deadline, "no new host-1 worker"
+            for pid in _children() - before - old:
+                if _host_index_of(pid) == 1:
+                    victim = pid
+            time.sleep(0.005)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        assert ok_call(ex) == 42
+        assert time.monotonic() - t0 < 40  # (60 s and more before)
+        assert victim not in ex.worker_pids()
+
+
 def _worker_config(x):
     c = jax.config
     return x * 0 + (int(c.jax_enable_x64) +

@@ -104,30 +104,20 @@ class LocalWorker:
     def pid(self) -> int:
         return self.proc.pid
 
-    def wait_ready(self, deadline: float) -> str:
-        """The worker's HOST:PORT once it listens; ExecutorError if it exits
-        or does not get there before ``deadline`` (time.monotonic)."""
-        try:
-            while b"\n" not in self._buf:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ExecutorError(
-                        f"worker for host {self.host_index} (pid {self.pid}) "
-                        "did not start in time")
-                ready, _, _ = select.select([self._ready], [], [], min(left, 0.2))
-                if ready:
-                    chunk = os.read(self._ready, 4096)
-                    if not chunk:
-                        code = self.proc.wait(5)
-                        raise ExecutorError(
-                            f"worker for host {self.host_index} (pid "
-                            f"{self.pid}) exited with code {code} before "
-                            "listening (see its stderr above)")
-                    self._buf += chunk
-        finally:
-            if b"\n" in self._buf or self.proc.poll() is not None:
-                self._close_pipe()
-        line = self._buf.split(b"\n", 1)[0].decode()
+    def _take_ready(self) -> bool:
+        """Read what the ready pipe holds (it is readable): True once the
+        address line is in; ExecutorError if the worker exited first."""
+        chunk = os.read(self._ready, 4096)
+        if not chunk:
+            code = self.proc.wait(5)
+            raise ExecutorError(
+                f"worker for host {self.host_index} (pid {self.pid}) exited "
+                f"with code {code} before listening (see its stderr above)")
+        self._buf += chunk
+        return b"\n" in self._buf
+
+    def _take_address(self) -> str:
+        line = self._buf.split(b"\n", 1)[0].decode(errors="replace")
         if not line.startswith(READY + " "):
             raise ExecutorError(f"worker for host {self.host_index} wrote "
                                 f"{line!r} instead of its address")
@@ -188,10 +178,34 @@ def start_workers(num_hosts: int, device_map: list, authkey: bytes,
                for i in range(num_hosts)]
     deadline = time.monotonic() + timeout
     try:
-        for w in workers:
-            w.wait_ready(deadline)
+        wait_ready(workers, deadline)
     except BaseException:
         for w in reversed(workers):  # host 0, the coordinator, last
             w.kill()
         raise
     return workers
+
+
+def wait_ready(workers: list, deadline: float) -> list:
+    """Every worker's HOST:PORT once all listen; ExecutorError as soon as
+    any of them exits (a cluster's other workers would wait for it in
+    jax.distributed until their init timeout), or when they are not all
+    there by ``deadline`` (time.monotonic)."""
+    pending = {w._ready: w for w in workers}
+    try:
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = min(pending.values(), key=lambda w: w.host_index)
+                raise ExecutorError(
+                    f"worker for host {late.host_index} (pid {late.pid}) "
+                    "did not start in time")
+            ready, _, _ = select.select(list(pending), [], [], min(left, 0.2))
+            for fd in ready:
+                if pending[fd]._take_ready():
+                    del pending[fd]
+    finally:
+        for w in workers:
+            if b"\n" in w._buf or w.proc.poll() is not None:
+                w._close_pipe()
+    return [w._take_address() for w in workers]
