@@ -301,6 +301,63 @@ def test_a_killed_controllers_segments_are_removed_by_its_worker():
     assert not os.path.exists(socket_dir)
 
 
+_TERMINATED_GROUP = r"""
+import sys, time, jax, numpy as np, jaxcolo
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+@jaxcolo.colocated_python
+def slow(x):
+    import time
+    time.sleep(60)
+    return x
+
+devs = jaxcolo.colocated_cpu_devices(jax.local_devices())
+big = jax.device_put(np.ones((8, 1 << 20), np.float32),
+                     NamedSharding(Mesh(np.array(devs), ("x",)), P("x")))
+ex = jaxcolo.ProcessExecutor(num_hosts=2)
+with jaxcolo.use_executor(ex):
+    if sys.argv[1] == "busy":  # 4 MiB shards: in shared-memory segments
+        future = slow.specialize(out_specs_fn=lambda x: x).submit(big)
+    print(*ex.worker_pids(), ex._socket_dir, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("state", ["busy", "idle"])
+def test_a_process_group_terminated_leaves_no_segments_nor_socket_dir(state):
+    """SIGTERM to the controller and its workers together (``timeout``,
+    ``kill -TERM -PGID``, a scheduler ending a job) left the controller's
+    segments in /dev/shm (RAM; a call in flight) and its socket directory
+    in /tmp: each worker removed only its own.  A worker told to stop now
+    also cleans up after a controller that died with it."""
+    def segments(pid):
+        return [n for n in os.listdir("/dev/shm")
+                if n.startswith(f"jaxcolo-{pid}-")]
+    p = subprocess.Popen([sys.executable, "-c", _TERMINATED_GROUP, state],
+                         stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        *workers, socket_dir = p.stdout.readline().split()
+        workers = [int(w) for w in workers]
+        assert os.path.isdir(socket_dir)
+        if state == "busy":
+            deadline = time.monotonic() + 30
+            while not segments(p.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert segments(p.pid), "no segment in flight"
+            time.sleep(0.5)  # the workers have mapped them and run the call
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    for w in workers:
+        _wait_gone(w, "a worker outlived SIGTERM")
+    assert segments(p.pid) == []
+    assert not os.path.exists(socket_dir)
+
+
 _KILLED_BEFORE_SENDING = r"""
 import os, time, jax, numpy as np, jaxcolo
 

@@ -200,6 +200,11 @@ def start_jax(args, local: int, blocks: list):
     return blocks[args.host_index]
 
 
+# A worker told to stop (SIGTERM) waits this long for its controller to be
+# gone too (the signal went to their process group) before it exits.
+TERM_PARENT_WAIT = 1.0
+
+
 def _watch_parent(pid: int, listen: str) -> None:
     while True:
         time.sleep(0.5)
@@ -220,9 +225,13 @@ def _remove_dead_parents_socket_dir(listen: str, unlink: bool) -> None:
     directory = os.path.dirname(path)
     if not os.path.basename(directory).startswith("jaxcolo-"):
         return
+    if unlink:
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        except OSError:
+            pass  # gone already (its listener closed)
     try:
-        if unlink and stat.S_ISSOCK(os.lstat(path).st_mode):
-            os.unlink(path)
         os.rmdir(directory)
     except OSError:
         pass  # not empty (another host's socket), or gone already
@@ -270,6 +279,12 @@ def run(args) -> int:
             listener.close()
         from jaxcolo.transport import blobs
         blobs.unlink_process_segments(os.getpid())
+        if args.parent_pid:  # the whole process group may be ending
+            # (timeout, kill -TERM -PGID, a scheduler): a controller killed
+            # with its workers leaves its segments and socket directory
+            _remove_dead_parents_segments(args.parent_pid, TERM_PARENT_WAIT)
+            if os.getppid() != args.parent_pid:
+                _remove_dead_parents_socket_dir(args.listen, unlink=True)
         os._exit(0)
     signal.signal(signal.SIGTERM, terminate)
 
