@@ -740,6 +740,33 @@ def test_timeout_covers_waiting_for_a_restart():
         assert ok_call(ex) == 42 and ex.worker_pids()[0] != pid
 
 
+def test_a_multi_host_call_timing_out_during_a_restart_says_so():
+    """A multi-host call that timed out while a host restarted said it had
+    waited "for this thread's earlier calls on other hosts" (it had none),
+    where a single-host call names the restart."""
+    devs = cpu_devices()
+    span = put(np.arange(8.0, dtype=np.float32),
+               NamedSharding(Mesh(np.array(devs), ("x",)), P("x")))
+    f = jaxcolo.colocated_python(_identity).specialize(
+        out_specs_fn=_identity)
+    with jaxcolo.ProcessExecutor(num_hosts=2) as ex, \
+            jaxcolo.use_executor(ex):
+        f(span)
+        os.kill(ex.worker_pids()[1], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not ex._links[1].is_lost:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for _ in range(4):  # (the restart takes seconds)
+            with ex.timeout(0.3), pytest.raises(
+                    jaxcolo.ExecutorError,
+                    match=r"call timed out after 0.3s waiting for host [01] "
+                          r"to restart; it was not sent$"):
+                f(span)
+        out = f(span)  # (after the restart)
+        np.testing.assert_array_equal(jax.device_get(out), np.arange(8.0))
+
+
 def _children() -> set:
     out = set()
     for task in os.listdir(f"/proc/{os.getpid()}/task"):

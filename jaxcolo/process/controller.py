@@ -475,6 +475,9 @@ class ProcessExecutor(HostSet, MultiHostSettling, CallSending,
                 "program order: this one may wait there behind the thread's "
                 "earlier calls, such as one that timed out and still runs)"
                 if call.call_ids else
+                f"{call.plan.name}: call timed out after {seconds}s waiting "
+                f"for {call.waits_for}; it was not sent"
+                if call.waits_for else
                 f"{call.plan.name}: call timed out after {seconds}s before "
                 "it was sent (it waited for this thread's earlier calls on "
                 "other hosts); it was not sent"))

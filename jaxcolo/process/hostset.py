@@ -152,7 +152,11 @@ class HostSet:
         reach a restarted cluster while the other parts went to the old
         one)."""
         try:
-            links = [(h, self._link(h, limit)) for h in hosts]
+            links = []
+            for h in hosts:
+                call.waits_for = f"host {h} to restart"
+                links.append((h, self._link(h, limit)))
+            call.waits_for = None
             self._check_not_wedged(links)
         except ExecutorError as e:
             call.fail(e)

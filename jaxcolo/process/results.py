@@ -59,7 +59,7 @@ class Call:
                  "_remaining", "_lock", "_make_error", "_assembling", "held",
                  "abandoned", "sending", "sent_parts", "watched",
                  "send_broken", "timed_out", "settled", "_when_settled",
-                 "program",
+                 "program", "waits_for",
                  "_settle_lock", "__weakref__")
 
     def __init__(self, plan: Plan, discover: bool, make_error):
@@ -81,6 +81,9 @@ class Call:
         # the caller's ProgramRef: counted alive (not forgotten) meanwhile
         self.program = None
         self.sending = False    # the executor is still sending its parts
+        # what its send waits for, if not its thread's earlier calls (the
+        # lane order): named if it times out before it was sent
+        self.waits_for: str | None = None
         self.sent_parts = 0     # parts that went out
         self.watched = False    # a straggler check is scheduled
         self.send_broken = False  # a part could not be sent

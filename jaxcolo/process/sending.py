@@ -54,6 +54,8 @@ class CallSending:
         with self._ordered_lock:
             call.sending = True
             try:
+                call.waits_for = ("an earlier multi-host call that failed "
+                                  "on a host to be done on the others")
                 self._wait_for_unheld_failures(call)
                 links = self._cluster_links(call.plan.hosts, call, limit)
                 # Every host gets it, also after one failed it (that one
@@ -79,6 +81,7 @@ class CallSending:
         the call's hosts get it (a part that reached only some of them
         would strand those in its collectives); the call times out."""
         done = threading.Event()
+        call.waits_for = "the sends of earlier multi-host calls"
 
         def send() -> None:
             try:  # callbacks of calls failed here run on their own thread
