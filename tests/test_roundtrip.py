@@ -321,6 +321,66 @@ def test_stateful_effect_registry():
     assert roundtrip(eff) == eff
 
 
+def test_effects_read_and_written_while_another_thread_registers_some(
+        monkeypatch):
+    """Effect types are looked up in JAX's registries, which another thread
+    may be filling (importing a library that defines effects): iterating
+    them raised RuntimeError("Set changed size during iteration") out of
+    serialize, deserialize and jaxcolo.export's reader (found by review);
+    a module whose globals changed meanwhile made a valid payload a
+    PayloadError."""
+    import sys
+    import threading
+    import time
+    import types
+    from jax._src import debugging, effects as jeffects
+    from jaxcolo.codec import memo
+    from jaxcolo.export import effects as export_effects
+    monkeypatch.setattr(memo, "_enabled", False)  # really decode each time
+    module = types.ModuleType("effects_race_lib")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    class LibEffect(jeffects.Effect):
+        pass
+    LibEffect.__module__ = module.__name__
+    module.LibEffect, module.lib_effect = LibEffect, LibEffect()
+    jaxcolo.register_effect(LibEffect)
+    data = jaxcolo.serialize([debugging.debug_effect, module.lib_effect])
+    group = jeffects.lowerable_effects._effect_types
+    stop = threading.Event()
+
+    def register_some():
+        added, i = [], 0
+        while not stop.is_set():
+            added.append(type(f"Lib{i}", (jeffects.Effect,), {}))
+            jeffects.lowerable_effects.add_type(added[-1])
+            setattr(module, f"g{i % 50}", i)  # globals come and go
+            if i % 50 == 49:
+                group.difference_update(added)
+                added.clear()
+                for k in range(50):
+                    delattr(module, f"g{k}")
+            i += 1
+        group.difference_update(added)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # (makes a race in the loops likely)
+    thread = threading.Thread(target=register_some)
+    thread.start()
+    try:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            assert jaxcolo.deserialize(data) == [debugging.debug_effect,
+                                                 module.lib_effect]
+            jaxcolo.serialize([debugging.debug_effect])
+            assert str(type(debugging.debug_effect)) in \
+                export_effects._effect_types()
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(old)
+
+
 def test_fast_builder_is_byte_identical_to_flatbuffers(monkeypatch):
     import flatbuffers
     from jaxcolo.codec import memo, spec_tree

@@ -63,7 +63,10 @@ def _known_effect_types():
                   jeffects.partial_eval_jaxpr_custom_rules_allowed_effects
                   if hasattr(jeffects, "partial_eval_jaxpr_custom_rules_allowed_effects")
                   else None):
-        for t in getattr(group, "_effect_types", ()) if group is not None else ():
+        # (a snapshot, taken in one step: another thread may register
+        # effect types meanwhile, e.g. importing a library)
+        for t in tuple(getattr(group, "_effect_types", ())
+                       if group is not None else ()):
             if t not in seen:
                 seen.add(t)
                 yield t
@@ -118,7 +121,7 @@ def _instance_of(t):
     keeps one, e.g. ``debug_effect``), else a new instance.  No import."""
     module = sys.modules.get(t.__module__)
     if module is not None and t.__eq__ is object.__eq__:
-        for v in vars(module).values():
+        for v in list(vars(module).values()):  # (its globals may change)
             if type(v) is t:
                 return v
     return t()

@@ -42,7 +42,8 @@ def _effect_types() -> dict:
     """Lowerable effect types by name; of types with one name, the first in
     JAX's own iteration order (the one jax.export's reader returns)."""
     types: dict = {}
-    for t in jeffects.lowerable_effects._effect_types:
+    # (a snapshot: another thread may register effect types meanwhile)
+    for t in tuple(jeffects.lowerable_effects._effect_types):
         types.setdefault(str(t), t)
     return types
 
