@@ -55,6 +55,23 @@ def _qualified(t: type) -> str:
     return f"{t.__module__}:{t.__qualname__}"
 
 
+def snapshot(items) -> tuple:
+    """``tuple(items)`` of a set or dict view another thread may change
+    meanwhile (JAX's effect registries while a library defining effects is
+    imported; a module's globals): copying is one C call, but a garbage
+    collection inside it can run Python code and switch threads, and a
+    change then fails the copy -- taken again until it succeeds."""
+    for _ in range(SNAPSHOT_TRIES - 1):
+        try:
+            return tuple(items)
+        except RuntimeError:  # "... changed size during iteration"
+            continue
+    return tuple(items)
+
+
+SNAPSHOT_TRIES = 100
+
+
 def _known_effect_types():
     seen = set()
     for group in (jeffects.lowerable_effects, jeffects.control_flow_allowed_effects,
@@ -63,10 +80,8 @@ def _known_effect_types():
                   jeffects.partial_eval_jaxpr_custom_rules_allowed_effects
                   if hasattr(jeffects, "partial_eval_jaxpr_custom_rules_allowed_effects")
                   else None):
-        # (a snapshot, taken in one step: another thread may register
-        # effect types meanwhile, e.g. importing a library)
-        for t in tuple(getattr(group, "_effect_types", ())
-                       if group is not None else ()):
+        for t in snapshot(getattr(group, "_effect_types", ())
+                          if group is not None else ()):
             if t not in seen:
                 seen.add(t)
                 yield t
@@ -121,7 +136,7 @@ def _instance_of(t):
     keeps one, e.g. ``debug_effect``), else a new instance.  No import."""
     module = sys.modules.get(t.__module__)
     if module is not None and t.__eq__ is object.__eq__:
-        for v in list(vars(module).values()):  # (its globals may change)
+        for v in snapshot(vars(module).values()):
             if type(v) is t:
                 return v
     return t()

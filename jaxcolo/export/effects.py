@@ -10,6 +10,7 @@ from jax._src import effects as jeffects
 from jax._src.export import _export as jexport
 
 import jaxcolo_jax_export_fb as fb
+from jaxcolo.codec.effects import snapshot
 from jaxcolo.errors import EncodeError, PayloadError, UnregisteredError
 from jaxcolo.export.layouts import CHECK as LC, EFFECT as LE
 
@@ -42,8 +43,8 @@ def _effect_types() -> dict:
     """Lowerable effect types by name; of types with one name, the first in
     JAX's own iteration order (the one jax.export's reader returns)."""
     types: dict = {}
-    # (a snapshot: another thread may register effect types meanwhile)
-    for t in tuple(jeffects.lowerable_effects._effect_types):
+    # (another thread may register effect types meanwhile)
+    for t in snapshot(jeffects.lowerable_effects._effect_types):
         types.setdefault(str(t), t)
     return types
 
