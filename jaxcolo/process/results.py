@@ -8,8 +8,11 @@ the id), the hosts owning its devices, the devices each host gets shards
 for, and the layouts of its outputs.
 
 A Call completes when every host it was sent to replied: an ``error`` reply
-fails it at once (with the re-raised remote exception); otherwise the last
-``result`` assembles the outputs from every host's shards.
+fails it at once (with the re-raised remote exception; a multi-host part
+that failed in the hosts' collectives, an executor event -- a host was
+lost or gave up, the cluster restarts -- with an ExecutorError caused by
+it); otherwise the last ``result`` assembles the outputs from every host's
+shards.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from jaxcolo.colocated import specs as specs_mod
 from jaxcolo.colocated.futures import CallFuture
 from jaxcolo.errors import ExecutorError, PayloadError
 from jaxcolo.process import arrays
+from jaxcolo.process.multi_host_faults import collectives_broke
 from jaxcolo_fb import MessageKind
 
 class Plan:
@@ -148,6 +152,8 @@ class Call:
                 error = ExecutorError(f"{m.error_type}: {m.error_message} "
                                       f"(the error could not be rebuilt: "
                                       f"{e!r})")
+            if len(self.plan.hosts) > 1 and collectives_broke(m):
+                error = self._collectives_error(h, m, error)
             self.fail(error)
             return True
         with self._lock:
@@ -169,6 +175,22 @@ class Call:
             if not self.future.done():
                 self.future.set_result(result)
         return True
+
+    def _collectives_error(self, h: int, m, remote) -> ExecutorError:
+        """The error of a multi-host call whose part on host ``h`` failed
+        in the hosts' gloo collectives (``remote``, from reply ``m``): a
+        host of the call was lost or gave up mid-collective -- what the
+        caller gets when a worker dies mid-call, whichever reply comes
+        first -- and the cluster's collectives are out of step."""
+        first = (m.error_message or "").strip().splitlines()
+        error = ExecutorError(
+            f"{self.plan.name}: host {h}'s part failed in the hosts' "
+            f"collectives ({m.error_type}: {first[0][:300] if first else ''}"
+            "): a host of the call was lost or gave up, and the hosts' "
+            "collectives are out of step (local workers restart; running "
+            "workers are marked wedged); the call was not retried")
+        error.__cause__ = remote
+        return error
 
     def _check_hosts_agree(self, parts, specs, tree) -> None:
         """ValueError unless every host discovered the same output specs
