@@ -154,6 +154,65 @@ def test_a_deferred_call_keeps_its_inputs_when_the_caller_drops_them(
         assert (jax.device_get(out) == jnp.arange(n, dtype=jnp.float32)).all()
 
 
+def _first(xs):
+    return xs[0]
+
+
+def test_a_deferred_call_is_sent_only_once_its_copies_are_made(hosts):
+    """The thread sending deferred calls could take one while its caller
+    was still copying its inputs, and send the caller's own arrays: the
+    caller, back from submit, deleted them while they were being packed
+    ("Array has been deleted", or XLA aborting the process on a buffer
+    deleted while held; found by review).  It waits for the copies."""
+    def slow(x):
+        time.sleep(0.02)
+        return x
+    a = jaxcolo.colocated_python(slow).specialize(out_specs_fn=lambda x: x)
+    b = jaxcolo.colocated_python(_first).specialize(
+        out_specs_fn=lambda xs: xs[0])
+    x0 = _on(0, jnp.ones(4))
+
+    def inputs():  # copying these takes longer than the call ahead runs
+        return [_on(7, jnp.full(8 << 20, 3.0, jnp.float32))] + \
+            [_on(7, jnp.full(4, float(k))) for k in range(300)]
+    a(x0), b(inputs())
+    for _ in range(3):
+        xs = inputs()
+        fa = a.submit(x0)  # host 0
+        fb = b.submit(xs)  # host 1: deferred behind fa
+        for x in xs:       # allowed once submit returned
+            x.delete()
+        fa.result(timeout=30)
+        out = fb.result(timeout=30)
+        assert out.shape == (8 << 20,) and float(out[0]) == 3.0
+
+
+def test_a_deferred_call_timing_out_during_a_restart_says_so(hosts):
+    """A call deferred behind the thread's call on another host, whose host
+    restarted when its turn came: timed out there, it said it had waited
+    "for this thread's earlier calls on other hosts" (found by review)."""
+    def slow(x):
+        time.sleep(2)
+        return x
+    a = jaxcolo.colocated_python(slow).specialize(out_specs_fn=lambda x: x)
+    b = jaxcolo.colocated_python(lambda x: x).specialize(
+        out_specs_fn=lambda x: x)
+    x0, x7 = _on(0, jnp.ones(4)), _on(7, jnp.ones(4))
+    for _ in range(3):  # (the deadline and the restart wait race)
+        a(x0), b(x7)
+        fa = a.submit(x0)              # host 0, 2 s
+        with hosts.timeout(0.5):
+            fb = b.submit(x7)          # host 1: deferred behind fa
+        time.sleep(0.1)
+        os.kill(hosts.worker_pids()[0], signal.SIGKILL)  # a restart
+        with pytest.raises(jaxcolo.ExecutorError, match="was lost"):
+            fa.result(timeout=30)
+        with pytest.raises(jaxcolo.ExecutorError,
+                           match=r"call timed out after 0.5s waiting for host "
+                                 r"1 to restart; it was not sent$"):
+            fb.result(timeout=30)
+
+
 def test_a_timeout_covers_waiting_for_destroys_stuck_on_another_host():
     """A call with a timeout to a healthy host, made while the destroy of
     an instance on a stopped host waits to be sent, fails at its deadline

@@ -146,6 +146,12 @@ class HostSet:
             else:
                 self._ready.wait(remaining)
 
+    def _link_wait(self, h: int) -> str:
+        """What waiting in ``_link(h)`` waits for (named when a call times
+        out there before it was sent)."""
+        return (f"host {h} to restart" if self._addresses is None
+                else f"a new connection to host {h}")
+
     def _cluster_links(self, hosts, call: Call, limit=None) -> list:
         """The links of every host of a multi-host call, all of one
         generation (a host lost now fails the whole call: no part of it may
@@ -154,7 +160,7 @@ class HostSet:
         try:
             links = []
             for h in hosts:
-                call.waits_for = f"host {h} to restart"
+                call.waits_for = self._link_wait(h)
                 links.append((h, self._link(h, limit)))
             call.waits_for = None
             self._check_not_wedged(links)

@@ -49,7 +49,8 @@ class _Lane:
     def __init__(self, hosts):
         self.hosts = hosts          # the host set of the calls in flight
         self.unfinished = 0         # calls in flight (counted ones)
-        self.deferred = collections.deque()  # [call, args, lane_id, limit]
+        # [call, args, lane_id, limit, copied (Event, or None)]
+        self.deferred = collections.deque()
         self.pumping = False        # a thread is sending deferred calls
 
     def idle(self) -> bool:
@@ -93,8 +94,9 @@ class LaneOrder:
                 lane.hosts = hosts
                 if counted:
                     lane.unfinished += 1
-            elif self._closed is None:
-                entry = [call, args, lane_id, limit]
+            elif self._closed is None:  # [4]: set once its copies are in
+                entry = [call, args, lane_id, limit,
+                         threading.Event() if self._keep else None]
                 lane.deferred.append(entry)
         if entry is not None:  # failed while it waits (a timeout): its
             Future.add_done_callback(  # arguments are not kept
@@ -109,21 +111,25 @@ class LaneOrder:
         return True
 
     def _keep_copies(self, entry, args) -> None:
-        """Have deferred ``entry`` hold copies of ``args`` (unless it was
-        sent or failed meanwhile).  A copy that fails (an input deleted
-        already) leaves the arguments: sending them fails the call."""
-        if self._keep is None:
+        """Have deferred ``entry`` hold copies of ``args`` (unless it
+        failed meanwhile), then let it be sent: the thread sending it waits
+        for this (its caller may delete or donate ``args`` as soon as it
+        returns).  A copy that fails (an input deleted already) leaves the
+        arguments: sending them fails the call."""
+        copied = entry[4]
+        if copied is None:
             return
         try:
             kept = self._keep(args)
+            with self._lock:
+                if entry[1] is args:
+                    entry[1] = kept
+            if entry[0].future.done():
+                entry[1] = None
         except Exception as e:  # noqa: BLE001 - the send reports it
             log.debug("deferred call keeps its arguments: %s", e)
-            return
-        with self._lock:
-            if entry[1] is args:
-                entry[1] = kept
-        if entry[0].future.done():
-            entry[1] = None
+        finally:
+            copied.set()
 
     def _count(self, call, lane: _Lane) -> None:
         call.when_settled(lambda: self._finished(lane))
@@ -158,12 +164,15 @@ class LaneOrder:
                         lane.pumping = False
                         return
                     entry = queued.popleft()
-                    call, args, lane_id, limit = entry
-                    entry[1] = None  # the call holds what it needs now
+                    call, _, lane_id, limit, copied = entry
                     lane.hosts = call.plan.hosts
                     lane.unfinished += 1
                 self._count(call, lane)
-                if args is None or call.future.done():
+                if copied is not None:  # its caller still copies its
+                    copied.wait()       # arguments: send the copies
+                with self._lock:
+                    args, entry[1] = entry[1], None  # the call holds what
+                if args is None or call.future.done():  # it needs now
                     continue  # timed out (or closed) while it waited
                 try:
                     self._dispatch(call, args, lane_id, limit)

@@ -36,12 +36,18 @@ class CallSending:
         part went out is raised."""
         hosts = call.plan.hosts
         if len(hosts) == 1:
+            h = hosts[0]
+            link = self._links[h]
             try:
-                link = self._link(hosts[0], limit)
+                if link.is_lost or not self._ready.is_set():
+                    # (a deferred call's deadline may fire meanwhile)
+                    call.waits_for = self._link_wait(h)
+                    link = self._link(h, limit)
+                    call.waits_for = None
             except ExecutorError as e:
                 call.fail(e)
             else:
-                self._send(hosts[0], link, call, args, lane_id, False, limit)
+                self._send(h, link, call, args, lane_id, False, limit)
         elif limit is None:
             self._send_multi_host(call, args, lane_id)
         else:  # sends that outlast the deadline go on in the background
