@@ -358,6 +358,44 @@ def test_a_process_group_terminated_leaves_no_segments_nor_socket_dir(state):
     assert not os.path.exists(socket_dir)
 
 
+_RESTARTED_THEN_KILLED = r"""
+import os, signal, time, jax, numpy as np, jaxcolo
+f = jaxcolo.colocated_python(lambda x: x).specialize(out_specs_fn=lambda x: x)
+x = jax.device_put(np.float32(1), jax.devices()[0])
+ex = jaxcolo.ProcessExecutor(num_hosts=2)
+with jaxcolo.use_executor(ex):
+    f(x)
+    os.kill(ex.worker_pids()[1], signal.SIGKILL)  # the cluster restarts
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            f(x)
+            break
+        except jaxcolo.ExecutorError:
+            assert time.monotonic() < deadline
+    print(*ex.worker_pids(), ex._socket_dir, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_controllers_socket_dir_goes_after_a_restart():
+    """The workers a cluster restart replaced (killed: they could not
+    remove their sockets) left their socket files in the controller's
+    directory, so when the controller was killed later, its last worker
+    could not remove the directory (found while testing a fix)."""
+    p = subprocess.Popen([sys.executable, "-c", _RESTARTED_THEN_KILLED],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        *workers, socket_dir = p.stdout.readline().split()
+        assert len(os.listdir(socket_dir)) == 2  # the live workers' only
+    finally:
+        p.kill()
+        p.wait()
+    for w in workers:
+        _wait_gone(int(w), "a worker outlived its controller")
+    assert not os.path.exists(socket_dir)
+
+
 _KILLED_BEFORE_SENDING = r"""
 import os, time, jax, numpy as np, jaxcolo
 

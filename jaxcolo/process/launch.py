@@ -15,6 +15,7 @@ import os
 import secrets
 import select
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -71,6 +72,7 @@ class LocalWorker:
                  extra_args=(), env=None, listen: str = "127.0.0.1:0"):
         self.host_index = host_index
         self.address = None
+        self.listen = listen
         r, w = os.pipe()
         cmd = [sys.executable, "-m", "jaxcolo.cli", "worker",
                "--listen", listen, "--authkey-file", "-",
@@ -154,11 +156,19 @@ class LocalWorker:
         self._close_pipe()
 
     def _reaped(self) -> None:
-        """The process is gone: remove its shared-memory segments (one
-        killed, or dying on its own, could not; a restart's links were
-        cleaned up before their workers were killed, and they made
-        segments until then)."""
+        """The process is gone: remove its shared-memory segments and its
+        Unix socket (one killed, or dying on its own, could not; a
+        restart's links were cleaned up before their workers were killed,
+        and they made segments until then).  A socket left behind kept the
+        directory from being removed when the controller died later."""
         blobs.unlink_process_segments(self.proc.pid)
+        if self.listen.startswith("unix:"):
+            path = self.listen[len("unix:"):]
+            try:
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    os.unlink(path)
+            except OSError:
+                pass  # removed by the worker, or never made
 
 
 def start_workers(num_hosts: int, device_map: list, authkey: bytes,

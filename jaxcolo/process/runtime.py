@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -205,20 +206,27 @@ def start_jax(args, local: int, blocks: list):
 TERM_PARENT_WAIT = 1.0
 
 
-def _watch_parent(pid: int, listen: str) -> None:
+def _watch_parent(pid: int, listen: str, coordinator: bool) -> None:
     while True:
         time.sleep(0.5)
         if os.getppid() != pid:
             _remove_dead_parents_segments(pid, 0)
-            _remove_dead_parents_socket_dir(listen, unlink=True)
+            _remove_dead_parents_socket_dir(listen, unlink=True,
+                                            coordinator=coordinator)
             os._exit(3)
 
 
-def _remove_dead_parents_socket_dir(listen: str, unlink: bool) -> None:
+def _remove_dead_parents_socket_dir(listen: str, unlink: bool,
+                                    coordinator: bool = False) -> None:
     """A controller that started its workers on Unix sockets in a
     directory of its own (``jaxcolo-*``) and died cannot remove it: each
     worker removes its socket (``unlink``: not removed by its listener),
-    and the last one the directory (only an empty one is removed)."""
+    and the last one the directory (only an empty one is removed).
+
+    ``coordinator``: host 0 of a cluster, whose exit makes JAX abort the
+    other workers' processes (they lose the coordination service) before
+    they could remove their sockets: it waits up to PEER_EXIT_WAIT seconds
+    for theirs to go, then removes those nobody listens on any more."""
     if not listen.startswith("unix:"):
         return
     path = listen[len("unix:"):]
@@ -231,10 +239,47 @@ def _remove_dead_parents_socket_dir(listen: str, unlink: bool) -> None:
                 os.unlink(path)
         except OSError:
             pass  # gone already (its listener closed)
+    if coordinator:
+        _remove_peer_sockets(directory, path)
     try:
         os.rmdir(directory)
     except OSError:
         pass  # not empty (another host's socket), or gone already
+
+
+# Host 0 of a cluster whose controller died waits this long for the other
+# workers to remove their sockets before it exits.
+PEER_EXIT_WAIT = 5.0
+
+
+def _remove_peer_sockets(directory: str, own: str) -> None:
+    """Wait for the other sockets in ``directory`` to go (bounded), then
+    remove those that refuse connections (their worker is gone)."""
+    def others():
+        try:
+            return [os.path.join(directory, n) for n in os.listdir(directory)
+                    if n.endswith(".sock") and os.path.join(directory, n)
+                    != own]
+        except OSError:
+            return []
+    deadline = time.monotonic() + PEER_EXIT_WAIT
+    while others() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for other in others():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(1.0)
+            probe.connect(other)
+        except ConnectionRefusedError:
+            try:
+                if stat.S_ISSOCK(os.lstat(other).st_mode):
+                    os.unlink(other)
+            except OSError:
+                pass
+        except OSError:
+            pass
+        finally:
+            probe.close()
 
 
 def _remove_dead_parents_segments(pid: int, wait: float) -> None:
@@ -256,9 +301,11 @@ def run(args) -> int:
         level=getattr(logging, args.log_level.upper(), logging.WARNING),
         format=f"jaxcolo worker h{args.host_index} pid {os.getpid()}: "
                "%(levelname)s %(message)s")
+    # (host 0 of a cluster: its exit ends the other workers' processes)
+    coordinator = args.num_hosts > 1 and args.host_index == 0
     if args.parent_pid:
         threading.Thread(target=_watch_parent,
-                         args=(args.parent_pid, args.listen),
+                         args=(args.parent_pid, args.listen, coordinator),
                          daemon=True).start()
         # Ctrl-C in the controller's terminal reaches its whole process
         # group: it interrupts the controller's call, never its workers
@@ -284,7 +331,8 @@ def run(args) -> int:
             # with its workers leaves its segments and socket directory
             _remove_dead_parents_segments(args.parent_pid, TERM_PARENT_WAIT)
             if os.getppid() != args.parent_pid:
-                _remove_dead_parents_socket_dir(args.listen, unlink=True)
+                _remove_dead_parents_socket_dir(args.listen, unlink=True,
+                                                coordinator=coordinator)
         os._exit(0)
     signal.signal(signal.SIGTERM, terminate)
 
@@ -357,7 +405,8 @@ def run(args) -> int:
         pass
     listener.close()
     if args.parent_pid and os.getppid() != args.parent_pid:
-        _remove_dead_parents_socket_dir(args.listen, unlink=False)
+        _remove_dead_parents_socket_dir(args.listen, unlink=False,
+                                        coordinator=coordinator)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no atexit: a jax.distributed shutdown would wait for peers
