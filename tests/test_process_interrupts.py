@@ -243,6 +243,57 @@ def test_deferral_stays_while_any_executor_is_open():
     assert signal.getsignal(signal.SIGINT) is original
 
 
+def test_ctrl_c_in_a_deferred_submit_costs_only_that_call():
+    """Ctrl-C landing in submit after its (deferred) call was queued but
+    before the caller had said its copies of the inputs were made: the
+    thread sending deferred calls waited for that forever, and every later
+    call of the caller's thread was deferred behind it (found by review).
+    The interrupted call fails; the next ones run."""
+    import inspect
+    import jax
+    import jax.numpy as jnp
+    from jaxcolo.process import lane_order
+
+    def slow(x):
+        time.sleep(0.5)
+        return x
+    a = jaxcolo.colocated_python(slow).specialize(out_specs_fn=lambda x: x)
+    b = jaxcolo.colocated_python(lambda x: x).specialize(
+        out_specs_fn=lambda x: x)
+    code = lane_order.LaneOrder.admit.__code__
+    src, first = inspect.getsourcelines(lane_order.LaneOrder.admit)
+    line = first + next(i for i, text in enumerate(src)
+                        if "self._keep_copies(entry, args)" in text)
+
+    def tracer(frame, event, arg):  # a Ctrl-C arriving at that line
+        if frame.f_code is not code:
+            return None
+
+        def local(frame, event, arg):
+            if event == "line" and frame.f_lineno == line:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+            return local
+        return local
+
+    with jaxcolo.ProcessExecutor(num_hosts=2) as ex, \
+            jaxcolo.use_executor(ex):
+        x0 = jax.device_put(jnp.ones(4), jax.devices()[0])
+        x7 = jax.device_put(jnp.ones(4), jax.devices()[7])
+        a(x0), b(x7)
+        fa = a.submit(x0)          # host 0, 0.5 s
+        sys.settrace(tracer)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                b.submit(x7)       # host 1: deferred behind fa
+        finally:
+            sys.settrace(None)
+        fa.result(timeout=30)
+        with ex.timeout(20):
+            assert float(b(x7)[0]) == 1.0
+            assert float(b.submit(x7).result(timeout=20)[0]) == 1.0
+
+
 def _wait_gone(pid: int, why: str, seconds: float = 30) -> None:
     """Wait until process ``pid`` no longer exists (fail with ``why``)."""
     deadline = time.monotonic() + seconds

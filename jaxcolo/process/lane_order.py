@@ -168,8 +168,12 @@ class LaneOrder:
                     lane.hosts = call.plan.hosts
                     lane.unfinished += 1
                 self._count(call, lane)
-                if copied is not None:  # its caller still copies its
-                    copied.wait()       # arguments: send the copies
+                # its caller may still copy its arguments: send the copies
+                # (a caller interrupted before it could say it is done
+                # failed the call: not waited for)
+                while copied is not None and not copied.wait(0.05):
+                    if call.future.done():
+                        break
                 with self._lock:
                     args, entry[1] = entry[1], None  # the call holds what
                 if args is None or call.future.done():  # it needs now
