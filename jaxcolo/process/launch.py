@@ -15,7 +15,6 @@ import os
 import secrets
 import select
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import time
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process.runtime import READY
 from jaxcolo.transport import blobs
+from jaxcolo.transport.listener import unlink_socket
 
 
 def free_port() -> int:
@@ -163,12 +163,7 @@ class LocalWorker:
         directory from being removed when the controller died later."""
         blobs.unlink_process_segments(self.proc.pid)
         if self.listen.startswith("unix:"):
-            path = self.listen[len("unix:"):]
-            try:
-                if stat.S_ISSOCK(os.lstat(path).st_mode):
-                    os.unlink(path)
-            except OSError:
-                pass  # removed by the worker, or never made
+            unlink_socket(self.listen[len("unix:"):])
 
 
 def start_workers(num_hosts: int, device_map: list, authkey: bytes,

@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import stat
 import sys
 import threading
@@ -233,12 +232,9 @@ def _remove_dead_parents_socket_dir(listen: str, unlink: bool,
     directory = os.path.dirname(path)
     if not os.path.basename(directory).startswith("jaxcolo-"):
         return
+    from jaxcolo.transport.listener import unlink_socket
     if unlink:
-        try:
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                os.unlink(path)
-        except OSError:
-            pass  # gone already (its listener closed)
+        unlink_socket(path)
     if coordinator:
         _remove_peer_sockets(directory, path)
     try:
@@ -265,21 +261,12 @@ def _remove_peer_sockets(directory: str, own: str) -> None:
     deadline = time.monotonic() + PEER_EXIT_WAIT
     while others() and time.monotonic() < deadline:
         time.sleep(0.05)
+    from jaxcolo.transport.listener import remove_stale_socket
     for other in others():
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            probe.settimeout(1.0)
-            probe.connect(other)
-        except ConnectionRefusedError:
-            try:
-                if stat.S_ISSOCK(os.lstat(other).st_mode):
-                    os.unlink(other)
-            except OSError:
-                pass
+            remove_stale_socket(other)
         except OSError:
-            pass
-        finally:
-            probe.close()
+            pass  # in use (a worker still listens), or not a socket
 
 
 def _remove_dead_parents_segments(pid: int, wait: float) -> None:

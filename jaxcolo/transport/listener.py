@@ -23,7 +23,17 @@ log = logging.getLogger("jaxcolo.transport")
 MAX_PENDING_SETUPS = 64
 
 
-def _remove_stale_socket(path: str) -> None:
+def unlink_socket(path: str) -> None:
+    """Remove ``path`` if it is a Unix socket (a dead listener's, or one
+    whose listener is done with it); nothing if it is gone already."""
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def remove_stale_socket(path: str) -> None:
     """Unlink a Unix socket left by a dead listener (nothing accepts on it);
     OSError if ``path`` is in use or is not a socket."""
     try:
@@ -60,7 +70,7 @@ class Listener:
             address = parse_address(address)
         self._path = None
         if isinstance(address, str):   # a Unix-domain socket path
-            _remove_stale_socket(address)
+            remove_stale_socket(address)
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 self._sock.bind(address)
