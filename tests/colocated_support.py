@@ -53,6 +53,18 @@ def ok_call(ex, value=41) -> int:
         return int(f(put(np.int32(value), cpu_devices()[0])))
 
 
+def sleeping_identity(seconds: float = 0.0):
+    """A colocated function returning its input after ``seconds`` on its
+    host (a call the thread's next calls on other hosts wait behind),
+    specialised with ``out_specs_fn`` the identity."""
+    def sleep_then_return(x):
+        if seconds:
+            time.sleep(seconds)
+        return x
+    return jaxcolo.colocated_python(sleep_then_return).specialize(
+        out_specs_fn=lambda x: x)
+
+
 def signatures(fn) -> int:
     """Distinct input signatures ``fn`` has built programs for."""
     return len({read_program(p.payload).in_specs

@@ -17,7 +17,7 @@ import pytest
 
 import jaxcolo
 from jaxcolo.transport import interrupts
-from tests.colocated_support import cpu_devices, put
+from tests.colocated_support import cpu_devices, put, sleeping_identity
 
 
 # Run as its own program (a KeyboardInterrupt may also land in a garbage
@@ -254,12 +254,7 @@ def test_ctrl_c_in_a_deferred_submit_costs_only_that_call():
     import jax.numpy as jnp
     from jaxcolo.process import lane_order
 
-    def slow(x):
-        time.sleep(0.5)
-        return x
-    a = jaxcolo.colocated_python(slow).specialize(out_specs_fn=lambda x: x)
-    b = jaxcolo.colocated_python(lambda x: x).specialize(
-        out_specs_fn=lambda x: x)
+    a, b = sleeping_identity(0.5), sleeping_identity()
     code = lane_order.LaneOrder.admit.__code__
     src, first = inspect.getsourcelines(lane_order.LaneOrder.admit)
     line = first + next(i for i, text in enumerate(src)

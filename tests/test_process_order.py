@@ -14,7 +14,7 @@ import pytest
 
 import jaxcolo
 from jaxcolo.errors import ExecutorError
-from tests.colocated_support import stop_process
+from tests.colocated_support import sleeping_identity, stop_process
 
 
 def _writer(log_file, tag, delay=0.0):
@@ -64,12 +64,7 @@ def test_callbacks_of_calls_the_pump_fails_run_elsewhere(hosts):
     its done-callbacks on another thread: a callback waiting for the
     lane's next deferred call finishes (it ran on the sending thread,
     which it blocked)."""
-    def slow(x):
-        time.sleep(0.5)
-        return x
-    a = jaxcolo.colocated_python(slow).specialize(out_specs_fn=lambda x: x)
-    b = jaxcolo.colocated_python(lambda x: x).specialize(
-        out_specs_fn=lambda x: x)
+    a, b = sleeping_identity(0.5), sleeping_identity()
     b(_on(7, jnp.ones(4)))
     doomed, ok7 = _on(7, jnp.ones(4)), _on(7, jnp.ones(4))
     fa = a.submit(_on(0, jnp.ones(4)))
@@ -164,10 +159,7 @@ def test_a_deferred_call_is_sent_only_once_its_copies_are_made(hosts):
     caller, back from submit, deleted them while they were being packed
     ("Array has been deleted", or XLA aborting the process on a buffer
     deleted while held; found by review).  It waits for the copies."""
-    def slow(x):
-        time.sleep(0.02)
-        return x
-    a = jaxcolo.colocated_python(slow).specialize(out_specs_fn=lambda x: x)
+    a = sleeping_identity(0.02)
     b = jaxcolo.colocated_python(_first).specialize(
         out_specs_fn=lambda xs: xs[0])
     x0 = _on(0, jnp.ones(4))
@@ -191,12 +183,7 @@ def test_a_deferred_call_timing_out_during_a_restart_says_so(hosts):
     """A call deferred behind the thread's call on another host, whose host
     restarted when its turn came: timed out there, it said it had waited
     "for this thread's earlier calls on other hosts" (found by review)."""
-    def slow(x):
-        time.sleep(2)
-        return x
-    a = jaxcolo.colocated_python(slow).specialize(out_specs_fn=lambda x: x)
-    b = jaxcolo.colocated_python(lambda x: x).specialize(
-        out_specs_fn=lambda x: x)
+    a, b = sleeping_identity(2), sleeping_identity()
     x0, x7 = _on(0, jnp.ones(4)), _on(7, jnp.ones(4))
     for _ in range(3):  # (the deadline and the restart wait race)
         a(x0), b(x7)
