@@ -273,7 +273,9 @@ def test_nested_compressed_payloads_share_one_inflation_budget(container):
     # own 256x ratio, but the ratios multiply through the nesting.
     data = container(_zeros_spec_payload(32 << 20))
     budget = envelope.NESTED_INFLATE_RATIO * len(data) + envelope.INFLATE_FLOOR
-    assert budget < 4 << 20 and len(data) < 4000
+    # (the Exported's debug locations name this file: its size varies with
+    # the checkout's path) the peak bound below excludes inflating 32 MiB
+    assert 4 * budget < 32 << 20
 
     def decode():
         with pytest.raises(jaxcolo.PayloadError,
