@@ -806,3 +806,40 @@ def test_a_silent_running_worker_is_lost_after_lost_timeout(keyfile):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+_CWD_CONTROLLER = """
+import jax, numpy as np, jaxcolo
+import helper_in_cwd  # from the current directory ('' on sys.path: -c)
+f = jaxcolo.colocated_python(helper_in_cwd.plus_one).specialize(
+    out_specs_fn=lambda x: x)
+with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+    print(float(f(jax.device_put(np.float32(1), jax.devices()[0]))))
+"""
+
+
+def test_workers_import_what_the_controller_imports(tmp_path):
+    """Workers ran ``python -m``, which put the controller's current
+    directory first on their path (and not on the controller's, run as a
+    script): a ``jaxcolo`` (or ``jax``) there shadowed the installed one in
+    the workers only.  A '' on the controller's path (``-c``, an
+    interactive session) still reaches its current directory."""
+    cwd = tmp_path / "cwd"
+    (cwd / "jaxcolo").mkdir(parents=True)
+    (cwd / "jaxcolo" / "__init__.py").write_text(
+        "raise ImportError('the jaxcolo of the current directory')\n")
+    (cwd / "helper_in_cwd.py").write_text(
+        "def plus_one(x):\n    return x + 1\n")
+    script = tmp_path / "controller.py"  # run as a script: no cwd on path
+    script.write_text(_CWD_CONTROLLER.replace("import helper_in_cwd",
+                                              "import sys; sys.path.append("
+                                              "''); import helper_in_cwd"))
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for cmd in ([sys.executable, str(script)],
+                [sys.executable, "-c",  # ('' first: the fake jaxcolo too)
+                 "import sys; sys.path.remove(''); sys.path.append(''); " +
+                 _CWD_CONTROLLER]):
+        out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True,
+                             text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["2.0"]

@@ -74,7 +74,10 @@ class LocalWorker:
         self.address = None
         self.listen = listen
         r, w = os.pipe()
-        cmd = [sys.executable, "-m", "jaxcolo.cli", "worker",
+        # -P: no current directory on its path (-m would put it first);
+        # it imports from this process's sys.path (PYTHONPATH below), whose
+        # '' -- this process's current directory -- is spelt out
+        cmd = [sys.executable, "-P", "-m", "jaxcolo.cli", "worker",
                "--listen", listen, "--authkey-file", "-",
                "--host-index", str(host_index), "--num-hosts", str(num_hosts),
                "--local-devices", str(len(device_map[host_index])),
@@ -86,7 +89,7 @@ class LocalWorker:
             cmd += ["--coordinator", coordinator]
         full_env = dict(os.environ if env is None else env)
         full_env["PYTHONPATH"] = os.pathsep.join(
-            [p for p in sys.path if p] +
+            [p or os.getcwd() for p in sys.path] +
             [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
         full_env.setdefault("JAX_PLATFORMS", "cpu")
         try:
