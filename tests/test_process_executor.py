@@ -1586,7 +1586,10 @@ def test_concurrent_multi_host_calls_from_several_threads(two_hosts):
 def _sum_unless_host0_refuses(x):
     """Host 0 raises for negative inputs, before the collective its other
     hosts enter."""
-    if jax.process_index() == 0 and float(x.addressable_shards[0].data[0]) < 0:
+    k = float(x.addressable_shards[0].data[0])
+    if jax.process_index() == 0 and k < 0:
+        if k <= -2:  # late: later calls are sent to it meanwhile
+            time.sleep(0.5)
         raise ValueError("host 0 refuses")
     return jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(
         x.sharding.mesh, P()))(x)
@@ -1647,6 +1650,28 @@ def test_calls_submitted_after_a_host_failed_before_a_collective(max_version):
             except jaxcolo.ExecutorError as e:
                 assert "was lost while this call was in flight" in str(e)
         assert float(f(make(5))) == 40.0
+
+
+@pytest.mark.parametrize("max_version", [None, 6], ids=["v8", "v6"])
+def test_calls_sent_before_a_host_failed_before_a_collective(max_version):
+    """Submitted before host 0's failure came, the calls behind it ran at
+    once on host 0 (a session before v7 cannot hold) while host 1 waited
+    in the failed call's collective: at v6 they returned 12.0 and 36.0 for
+    32 and 40, then hung (found by review).  Each is right or fails."""
+    f, make = _sum_program()
+    with jaxcolo.ProcessExecutor(num_hosts=2, straggler_timeout=1.0,
+                                 max_version=max_version) as ex, \
+            jaxcolo.use_executor(ex):
+        assert float(f(make(1))) == 8.0
+        futures = {k: f.submit(make(k)) for k in (-2, 4, 5, 6)}
+        with pytest.raises(ValueError, match="host 0 refuses"):
+            futures.pop(-2).result(60)
+        for k, future in futures.items():
+            try:
+                assert float(future.result(60)) == 8.0 * k
+            except jaxcolo.ExecutorError as e:
+                assert "was lost while this call was in flight" in str(e)
+        assert float(f(make(7))) == 56.0
 
 
 def _right_or_interrupted(f, make, ks, why: str) -> None:

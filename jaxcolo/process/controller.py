@@ -135,6 +135,9 @@ class ProcessExecutor(HostSet, MultiHostSettling, CallSending,
         self._resuming = 0  # threads sending resumes
         self._holding: set = set()  # multi-host calls hosts hold after
         self._unheld: set = set()  # ... that the controller holds after
+        # host -> weakref to the last multi-host call sent there (sessions
+        # before v7 send the next one once it is done on all its hosts)
+        self._last_multi_host: dict = {}
         self._restart = restart
         self._worker_args = tuple(worker_args)
         if shm_retain != blobs.DEFAULT_RETAIN and not any(

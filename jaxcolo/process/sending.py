@@ -63,6 +63,11 @@ class CallSending:
                 call.waits_for = ("an earlier multi-host call that failed "
                                   "on a host to be done on the others")
                 self._wait_for_unheld_failures(call)
+                if not self._hosts_can_hold(call.plan.hosts):
+                    call.waits_for = ("the multi-host calls sent before it "
+                                      "to be done on every host (a session "
+                                      "before v7 runs one at a time)")
+                    self._wait_for_earlier_multi_host(call)
                 links = self._cluster_links(call.plan.hosts, call, limit)
                 # Every host gets it, also after one failed it (that one
                 # holds), unless a host cannot hold (v<7)
@@ -77,6 +82,7 @@ class CallSending:
                         break  # failed on a host that cannot hold
                     self._send(h, link, call, args, lane_id, True)
             finally:
+                self._note_multi_host_sent(call)
                 self._sent_multi_host(call)
 
     def _send_multi_host_until(self, call: Call, args, lane_id: int,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 
 from jaxcolo import versions
 from jaxcolo.errors import ExecutorError
@@ -149,6 +150,49 @@ class MultiHostSettling:
                 if not self._unheld or self._closed or call.timed_out or \
                         call.future.done():
                     return
+            time.sleep(0.002)
+
+    def _hosts_can_hold(self, hosts) -> bool:
+        """Whether every one of ``hosts`` holds its next multi-host calls
+        after a part fails there (a session of v7 or later)."""
+        links = self._links
+        return all(links[h].version >= RESUME_SINCE for h in hosts)
+
+    def _note_multi_host_sent(self, call: Call) -> None:
+        """(Under ``_ordered_lock``.)  ``call`` is the last multi-host call
+        sent to the hosts it reached (weakly: once it is gone, none of its
+        parts is pending)."""
+        ref = weakref.ref(call)
+        with self._lock:
+            for h, _ in call.links:
+                self._last_multi_host[h] = ref
+
+    def _wait_for_earlier_multi_host(self, call: Call) -> None:
+        """(Sending multi-host ``call`` in a session where one of its hosts
+        cannot hold (before v7), under ``_ordered_lock``.)  A host that
+        fails a multi-host call before its collectives would run the next
+        one sent to it at once, while the others still wait in the failed
+        one's collectives: the two would pair (wrong results, then a hang).
+        The failure may come only after later calls were sent, so none is
+        sent until the multi-host calls sent before it to its hosts are done
+        on all of theirs (or their hosts lost, ``straggler_timeout``), or
+        ``call`` timed out or failed."""
+        while True:
+            with self._lock:
+                earlier = {}
+                for h in call.plan.hosts:
+                    ref = self._last_multi_host.get(h)
+                    c = None if ref is None else ref()
+                    if c is not None:
+                        earlier[id(c)] = c
+                running = [link for c in earlier.values()
+                           for cid, (_, link) in zip(c.call_ids, c.links)
+                           if cid in self._pending]
+                if not running or self._closed or call.timed_out or \
+                        call.future.done():
+                    return
+            for link in running:  # (their replies: read in the background
+                link.kick()       # unless a caller reads them)
             time.sleep(0.002)
 
     def _settle_multi_host(self, call: Call, sent: bool = True) -> None:
