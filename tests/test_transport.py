@@ -338,6 +338,22 @@ def test_version_ranges_may_only_narrow(lo, hi):
         jaxcolo.ProcessExecutor(num_hosts=1, min_version=lo, max_version=hi)
 
 
+@pytest.mark.parametrize("kw", [dict(max_version=5.0), dict(max_version="5"),
+                                dict(min_version=True)])
+def test_version_bounds_must_be_ints(kw):
+    """5.0 started workers and blamed them ("the peer does not speak the
+    jaxcolo handshake"), "5" gave a self-contradicting range, True was 1
+    (found by review): a TypeError naming the argument, before any worker
+    starts."""
+    name = next(iter(kw))
+    with pytest.raises(TypeError, match=f"{name} must be an int"):
+        hs.local_hello("controller", **kw)
+    with pytest.raises(TypeError, match=f"{name} must be an int"):
+        jaxcolo.ProcessExecutor(num_hosts=1, **kw)
+    assert hs.local_hello("controller", max_version=np.int64(5)).max_version \
+        == 5
+
+
 def test_a_closed_channel_never_reads_another_connections_frames():
     """After close(), the channel's fd number goes to the next connection:
     a read on the closed channel fails instead of taking its frames."""

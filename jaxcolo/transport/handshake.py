@@ -55,8 +55,10 @@ def local_hello(role: str, *, min_version: int | None = None,
     """This process's Hello; the range defaults to everything it supports
     and may only narrow it (ValueError otherwise: a peer would agree on a
     version this process cannot speak)."""
-    lo = versions.MIN_READABLE_VERSION if min_version is None else min_version
-    hi = versions.SCHEMA_VERSION if max_version is None else max_version
+    lo = versions.MIN_READABLE_VERSION if min_version is None else \
+        versions.integer(min_version, "min_version")
+    hi = versions.SCHEMA_VERSION if max_version is None else \
+        versions.integer(max_version, "max_version")
     ok = range(versions.MIN_READABLE_VERSION, versions.SCHEMA_VERSION + 1)
     if lo not in ok or hi not in ok or lo > hi:
         raise ValueError(
