@@ -228,7 +228,8 @@ def describe_spec_tree(data, header) -> tuple[dict, object]:
         key = ("devices_unavailable" if isinstance(e, UnknownDeviceError)
                else "content_unavailable")
         out[key] = str(e)
-        reader.walk_available()  # (features used past it: readable_by)
+        # (features used past it: readable_by)
+        reader.walk_available(spec_tree.leaf_views(reader))
     return out, obj
 
 

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 
 import jax
 import numpy as np
@@ -271,6 +272,47 @@ def test_unregistered_types_are_unavailable_here_not_malformed(tmp_path):
     assert "readable by version" in r.stdout and "neither registered" in r.stdout
     info = json.loads(_cli("inspect", str(f), "--json").stdout)
     assert "neither registered" in info["content_unavailable"]
+
+
+def test_arrays_past_what_is_unavailable_are_read_as_their_own_kind():
+    """Past a node this process cannot resolve, inspect decoded every entry
+    of the arrays table both as a ShapeDtypeStruct and as a ShapedArray
+    (one column table, two views): a valid payload was "malformed" --
+    inspect raised, check said so and exited 1 (found by review)."""
+    import collections
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jaxcolo.checking import check_readable
+    Pair = collections.namedtuple("Pair", "a b")
+    Pair.__module__ = "jaxcolo_no_such_module"
+    jax.export.register_namedtuple_serialization(
+        Pair, serialized_name="tests.unregistered.Pair2")
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+    leaves = [
+        jax.ShapeDtypeStruct((8, 123457), np.float32,
+                             sharding=NamedSharding(mesh, P("x", "y"))),
+        jax.ShapeDtypeStruct((2,), np.int8, sharding=jax.sharding.
+                             SingleDeviceSharding(jax.devices()[1])),
+        jax.core.ShapedArray((3,), np.float32, memory_space=jax.memory.Space.Host),
+    ]
+    data = jaxcolo.serialize(Pair(leaves, None), compress=False)
+    from jax._src.export._export import deserialization_registry
+    del deserialization_registry["tests.unregistered.Pair2"]
+    with pytest.raises(jaxcolo.UnregisteredError):
+        jaxcolo.deserialize(data)
+    info = jaxcolo.inspect(data)
+    assert "neither registered" in info["content_unavailable"]
+    assert info["num_leaves"] == 3
+    ok, why = check_readable(data, jaxcolo.SCHEMA_VERSION)
+    assert ok and "fine where it exists" in why, why
+    # a malformed entry past it is still found, through its leaf's view
+    dim = (123457).to_bytes(8, "little")
+    assert data[9] == 0 and data.count(dim) == 1  # (flags: not deflated)
+    bad = data.replace(dim, (-7).to_bytes(8, "little", signed=True))
+    bad = bad[:12] + zlib.crc32(bad[16:]).to_bytes(4, "little") + bad[16:]
+    with pytest.raises(jaxcolo.PayloadError, match="negative dimension -7"):
+        jaxcolo.inspect(bad)
+    ok, why = check_readable(bad, jaxcolo.SCHEMA_VERSION)
+    assert not ok and "negative dimension -7" in why, why
 
 
 def test_cli_refuses_non_regular_files_and_escapes_control_characters(

@@ -257,12 +257,28 @@ class Reader:
             raise type(e)(e.reason, e.path)
         return obj
 
-    def walk_available(self) -> None:
+    def walk_available(self, views: dict | None = None) -> None:
         """Decode every entry of every table that does not need what this
         process lacks, so features used past such content are noted
-        (versions.noting_used); a malformed entry is a PayloadError."""
-        for table in TABLES:
+        (versions.noting_used); a malformed entry is a PayloadError.
+
+        An entry of a column field several tables view (ShapeDtypeStruct
+        and ShapedArray leaves share one) is decoded only as what refers to
+        it: ``views`` maps (field, index) to the tables the leaves read it
+        through; an entry no leaf names, through the table that writes it.
+        """
+        views = views or {}
+        viewers: dict = {}
+        for codec in TABLES.values():
+            viewers[codec.field] = viewers.get(codec.field, 0) + 1
+        for table, codec in TABLES.items():
+            shared = viewers[codec.field] > 1
             for index in range(self.count(table)):
+                if shared:
+                    wanted = views.get((codec.field, index))
+                    if table not in wanted if wanted is not None else \
+                            codec.build is None:
+                        continue
                 try:
                     self.get(table, index, self.root_path)
                 except UnavailableHereError:

@@ -361,6 +361,24 @@ def _unflatten(structure, leaves):
                            "$.structure") from None
 
 
+def leaf_views(reader: core.Reader) -> dict:
+    """(field, index) -> the tables the leaves read that entry through
+    (``core.Reader.walk_available``'s ``views``)."""
+    root = reader.root
+    kinds = root.bytes(L.leaf_kinds, "$", "leaf_kinds") or b""
+    refs = root.ints(L.leaf_refs, "u32", "$", "leaf_refs")
+    views: dict = {}
+    for i, (kind, ref) in enumerate(zip(kinds, refs)):
+        table = core.KIND_TABLE.get(kind)
+        if table is None:
+            raise PayloadError(f"unknown LeafKind value {kind}",
+                               f"$.leaf_kinds[{i}]")
+        codec = core.TABLES.get(table)
+        if codec is not None:
+            views.setdefault((codec.field, int(ref)), set()).add(table)
+    return views
+
+
 def decode_leaves(reader: core.Reader):
     """(PyTreeDef, leaves) of an opened spec tree."""
     root = reader.root
