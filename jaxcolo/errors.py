@@ -41,7 +41,8 @@ class UnknownDeviceError(UnavailableHereError):
 
 class UnregisteredError(UnavailableHereError):
     """A well-formed payload naming a type this process has not registered:
-    a custom pytree node or namedtuple, an effect, a PRNG impl."""
+    a custom pytree node or namedtuple, a defaultdict's default_factory,
+    an effect, a PRNG impl."""
 
 
 # Exceptions that mean "the bytes are malformed" if one ever escapes a

@@ -718,10 +718,17 @@ def test_defaultdict_factories_must_be_registered(monkeypatch):
     data = jaxcolo.serialize(collections.defaultdict(module_level_factory,
                                                      {"k": _leaf()}))
     monkeypatch.undo()
-    with pytest.raises(jaxcolo.PayloadError, match=r"'tests\.test_adversarial"
-                       r":module_level_factory' is not registered here.*at "
-                       r"\$\.structure\.node_data\[0\]\.name"):
+    # a registration this process lacks, not malformed bytes: check passes
+    # it as fine where it exists, inspect describes the rest (a plain
+    # PayloadError made them call it malformed; found by review)
+    with pytest.raises(jaxcolo.UnregisteredError, match=r"'tests\.test_"
+                       r"adversarial:module_level_factory' is not registered "
+                       r"here.*at \$\.structure\.node_data\[0\]\.name"):
         jaxcolo.deserialize(data)
+    ok, why = check_readable(data, jaxcolo.SCHEMA_VERSION)
+    assert ok and "fine where it exists" in why, why
+    assert "module_level_factory" in \
+        jaxcolo.inspect(data)["content_unavailable"]
     monkeypatch.setattr(names, "DEFAULT_FACTORIES",
                         dict(names.DEFAULT_FACTORIES))
     jaxcolo.register_default_factory(module_level_factory)

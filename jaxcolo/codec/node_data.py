@@ -69,7 +69,7 @@ def node_spec(kind, t, n, path):
         if fname:
             factory = registered_factory(fname)
             if factory is None:
-                raise PayloadError(
+                raise UnregisteredError(
                     f"defaultdict default_factory {fname[:200]!r} is not "
                     "registered here (jaxcolo.register_default_factory)",
                     f"{path}.name")
