@@ -291,6 +291,39 @@ def test_device_resolver():
                             device_resolver=lambda i: None)
 
 
+@pytest.mark.parametrize("error", [RuntimeError("resolver bug"),
+                                   ValueError("resolver bug")])
+def test_a_device_resolver_that_raises_is_named(error):
+    """A resolver raising (not LookupError) was a RuntimeError, a "malformed
+    payload (ValueError) at $" or an "invalid sharding" at the sharding,
+    by leaf type (found by review): one PayloadError naming the field
+    resolved and the resolver's error, its __cause__."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("x", "y"))
+    devs = jax.devices()
+
+    def resolver(i):
+        if i == 5:
+            raise error
+        return devs[i]
+    for obj in (mesh, jax.sharding.NamedSharding(mesh, P("x")),
+                [jax.ShapeDtypeStruct((8,), np.float32, sharding=jax.sharding.
+                                      NamedSharding(mesh, P("x")))]):
+        with pytest.raises(jaxcolo.PayloadError,
+                           match=r"^the device resolver raised "
+                                 f"{type(error).__name__}" r"\('resolver bug'"
+                                 r"\) for device id 5 - at \$\.meshes\[0\]\."
+                                 r"device_ids$") as info:
+            jaxcolo.deserialize(jaxcolo.serialize(obj),
+                                device_resolver=resolver)
+        assert info.value.__cause__ is error
+    with pytest.raises(jaxcolo.PayloadError,  # a device leaf
+                       match=r"raised ZeroDivisionError.* device id 5 - at "
+                             r"\$\.devices") as info:
+        jaxcolo.deserialize(jaxcolo.serialize(devs[5]),
+                            device_resolver=lambda i: 1 / 0)
+    assert type(info.value.__cause__) is ZeroDivisionError
+
+
 def test_encode_errors_name_the_leaf():
     with pytest.raises(jaxcolo.EncodeError,
                        match=r"unsupported leaf.*at \$\['a'\]\[1\]"):

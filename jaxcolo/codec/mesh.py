@@ -51,24 +51,33 @@ class Resolver:
         self.cacheable = cacheable  # results may be memoized across payloads
 
     def device(self, device_id: int, path: str):
-        d = self._lookup(device_id)
-        if d is None:
-            raise UnknownDeviceError(
-                f"unknown device id {device_id}: the device resolver has no "
-                "such device", path)
-        return d
+        return self.devices((device_id,), path)[0]
 
     def devices(self, ids, path: str) -> list:
         look = self._lookup
         out = []
         for i in ids:
-            d = look(i)
+            try:
+                d = look(i)
+            except _ResolverFailed as e:
+                raise PayloadError(
+                    f"the device resolver raised {e.error!r} for device id "
+                    f"{i}", path) from e.error
             if d is None:
                 raise UnknownDeviceError(
                     f"unknown device id {i}: the device resolver has no such "
                     "device", path)
             out.append(d)
         return out
+
+
+class _ResolverFailed(Exception):
+    """A user's device resolver raised ``error`` (not LookupError): carried
+    to ``Resolver.devices``, which names the field it resolved."""
+
+    def __init__(self, error: Exception):
+        super().__init__(error)
+        self.error = error
 
 
 _DEFAULT: list = []
@@ -133,7 +142,9 @@ def make_resolver(device_resolver=None) -> Resolver:
     Accepts None (default devices), a Mapping id -> Device, a sequence of
     devices (each standing for its own ``.id``; not indexed by position),
     or a callable id -> Device (returning None or raising
-    KeyError/LookupError for unknown ids).
+    KeyError/LookupError for unknown ids; any other exception it raises is
+    a PayloadError naming the field resolved, with that exception as its
+    ``__cause__``).
     """
     if device_resolver is None:
         if not _DEFAULT:
@@ -149,6 +160,8 @@ def make_resolver(device_resolver=None) -> Resolver:
                 return fn(i)
             except LookupError:
                 return None
+            except Exception as e:  # the resolver's bug, not the payload's
+                raise _ResolverFailed(e) from None
         return Resolver(lookup, False)
     try:
         by_id = {d.id: d for d in device_resolver}
