@@ -346,6 +346,43 @@ def test_bundle_inspect_names_the_inner_path():
         assert "neither a jaxcolo payload" not in str(e.value)
 
 
+def test_inspect_of_an_exported_names_the_field_deserialize_names(tmp_path):
+    """An Exported with one aval's dtype unknown: deserialize named
+    $.unique_avals[0].dtype, inspect and check said the bytes were no
+    export payload at all ("match no JAX serialization version's layout -
+    at $"; found by review)."""
+    import jaxcolo.export as je
+    import jaxcolo_jax_export_fb as efb
+    from jaxcolo import envelope
+    from jaxcolo.checking import check_readable
+    exp = jax.export.export(jax.jit(lambda x: x * 2))(
+        jax.ShapeDtypeStruct((4,), np.float32))
+    raw = bytearray(je.serialize(exp))
+    aval = efb.Exported.GetRootAs(raw, 0).UniqueAvals(0)
+    at = aval._tab.Pos + aval._tab.Offset(8)  # its dtype (f32: 10)
+    assert raw[at] == 10
+    raw[at] = 30
+    bad = bytes(raw)
+    want = r"^unknown DType value 30 - at \$\.unique_avals\[0\]\.dtype$"
+    for fn in (je.deserialize, jaxcolo.inspect):
+        with pytest.raises(jaxcolo.PayloadError, match=want):
+            fn(bad)
+    ok, why = check_readable(bad, jaxcolo.SCHEMA_VERSION)
+    assert not ok and why.endswith("at $.unique_avals[0].dtype"), why
+    # inside a bundle: under $.exported
+    data = je.bundle(exp, {"x": jax.ShapeDtypeStruct((4,), np.float32)})
+    h = envelope.read_header(data)
+    body = bytes(envelope.open_body(data, h))
+    good = bytes(je.serialize(exp))
+    assert body.count(good) == 1
+    wrapped = envelope.seal(body.replace(good, bad), h.root_kind,
+                            h.writer_version, h.min_reader_version)
+    for fn in (jaxcolo.deserialize, jaxcolo.inspect):
+        with pytest.raises(jaxcolo.PayloadError, match=r"unknown DType value "
+                           r"30 - at \$\.exported\.unique_avals\[0\]\.dtype$"):
+            fn(wrapped)
+
+
 def test_a_schema_version_without_its_history_row_is_refused(monkeypatch):
     """SCHEMA_VERSION bumped (and frozen) without a versions.HISTORY row
     passed check_schema; the library's own version was then unknown to

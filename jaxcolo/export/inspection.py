@@ -21,6 +21,9 @@ def inspect_jax_export(data, nested: bool = False) -> dict:
         lay = scan(data)
         lo, hi = version_range(data)
     except PayloadError as e:
+        precise = _field_error(data)
+        if precise is not None:  # an Exported, with one field wrong
+            raise precise from None
         if nested:
             raise
         raise PayloadError(f"neither a jaxcolo payload (no JXCO magic) nor a "
@@ -71,6 +74,19 @@ def inspect_jax_export(data, nested: bool = False) -> dict:
         "vjp_orders": _vjp_orders(exp),
     })
     return out
+
+
+def _field_error(data) -> PayloadError | None:
+    """What ``deserialize`` says is wrong with ``data`` whose fields match
+    no serialization version's layout, if that names a field (e.g. a dtype
+    no version has: the layout scan only sees that nothing matches)."""
+    try:
+        deserialize(data)
+    except UnavailableHereError:
+        return None
+    except PayloadError as e:
+        return e if e.path not in ("", "$") else None
+    return None
 
 
 def _vjp_orders(exp) -> int:
