@@ -208,10 +208,12 @@ def read_header(data, *, check_crc: bool = True) -> Header:
         raise PayloadError(
             f"not a jaxcolo payload (magic {magic!r}, expected {MAGIC!r})",
             "$.header.magic")
-    if flags & ~KNOWN_FLAGS or reserved:
-        raise PayloadError(
-            f"reserved header bits set (flags={flags}, reserved={reserved})",
-            "$.header.flags")
+    if flags & ~KNOWN_FLAGS:
+        raise PayloadError(f"unknown header flag bits set (flags={flags})",
+                           "$.header.flags")
+    if reserved:
+        raise PayloadError(f"reserved header field set ({reserved})",
+                           "$.header.reserved")
     if check_crc and zlib.crc32(memoryview(data)[HEADER_SIZE:]) != crc:
         raise PayloadError(
             "checksum mismatch: the payload is corrupt or truncated",
@@ -241,8 +243,11 @@ def check_readable(header: Header, reader_version: int | None = None) -> None:
 def check_consistent(header: Header) -> None:
     """PayloadError unless the header's versions agree with each other and
     with its root kind (whatever reader is asking)."""
-    if header.min_reader_version > header.writer_version or \
-            header.min_reader_version < 1:
+    if header.min_reader_version < 1:
+        raise PayloadError(
+            f"min_reader_version {header.min_reader_version}: versions "
+            "start at 1", "$.header.min_reader_version")
+    if header.min_reader_version > header.writer_version:
         raise PayloadError(
             f"inconsistent header: min_reader_version "
             f"{header.min_reader_version} vs writer_version "

@@ -917,7 +917,7 @@ def test_whole_frame_templates_check_the_header_and_checksum():
     corrupt[-1] ^= 1  # (the checksum covers the masked fields too)
     with pytest.raises(jaxcolo.PayloadError, match="checksum mismatch"):
         M.decode(bytes(corrupt))
-    with pytest.raises(jaxcolo.PayloadError, match=r"reserved header bits"):
+    with pytest.raises(jaxcolo.PayloadError, match=r"unknown header flag bits"):
         M.decode(_reseal(again, flags=4))
     with pytest.raises(jaxcolo.PayloadError, match=r"needs reader version"):
         M.decode(_reseal(again, min_reader=1))

@@ -84,8 +84,21 @@ def test_version_errors_name_versions():
         jaxcolo.deserialize(_with_header(data, writer=99, reader=99))
     with pytest.raises(jaxcolo.PayloadError, match="root kind 77"):
         jaxcolo.deserialize(_with_header(data, kind=77))
-    with pytest.raises(jaxcolo.PayloadError, match="reserved header bits"):
+    with pytest.raises(jaxcolo.PayloadError, match=r"^unknown header flag "
+                       r"bits set \(flags=2\) - at \$\.header\.flags$"):
         jaxcolo.deserialize(_with_header(data, flags=2))
+    # each header field by its own name (the reserved one was "flags"; a
+    # version 0 was "inconsistent" with a writer version equal to it)
+    bad = bytearray(data)
+    bad[10] = 1
+    with pytest.raises(jaxcolo.PayloadError, match=r"^reserved header field "
+                       r"set \(1\) - at \$\.header\.reserved$"):
+        jaxcolo.deserialize(bytes(bad))
+    for fn in (jaxcolo.deserialize, jaxcolo.inspect):
+        with pytest.raises(jaxcolo.PayloadError, match=r"^min_reader_version "
+                           r"0: versions start at 1 - at \$\.header\."
+                           r"min_reader_version$"):
+            fn(_with_header(data, writer=0, reader=0))
 
 
 def _reseal(body: bytes, flags: int) -> bytes:
@@ -583,3 +596,25 @@ def test_custom_nodes_are_rebuilt_over_their_children_subtrees():
                        r"from_children over placeholder leaves .* its auxdata "
                        r"must not depend on its leaves' values - at \$$"):
         jaxcolo.serialize(ByLeafType([s]))
+
+
+_NamedPair = collections.namedtuple("_NamedPair", "a b")
+
+
+def test_a_namedtuple_name_naming_another_kind_of_class(monkeypatch):
+    """A namedtuple node whose name finds a class that is no namedtuple
+    (builtins:int, collections:OrderedDict) was an UnregisteredError
+    saying it was "neither registered ... nor defined in an imported
+    module": check took the corrupt payload as fine where it exists."""
+    from jaxcolo.checking import check_readable
+    data = jaxcolo.serialize(
+        _NamedPair(jax.ShapeDtypeStruct((2,), np.int8), None))
+    monkeypatch.setattr(sys.modules[__name__], "_NamedPair", dict)
+    with pytest.raises(jaxcolo.PayloadError, match=(
+            r"^namedtuple type 'tests\.test_bad_input:_NamedPair' names the "
+            r"class builtins\.dict here, not a namedtuple - at \$\.structure"
+            r"\.node_data\[0\]\.name$")) as info:
+        jaxcolo.deserialize(data)
+    assert not isinstance(info.value, jaxcolo.UnregisteredError)
+    ok, why = check_readable(data, jaxcolo.SCHEMA_VERSION)
+    assert not ok and "not a namedtuple" in why, why

@@ -251,6 +251,12 @@ def short_repr(x) -> str:
 FOUND_BY_NAME = "namedtuples found by name"
 
 
+def _kind_of(obj) -> str:
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"[:200]
+    return f"a {type(obj).__name__}"[:200]
+
+
 def _lookup_namedtuple(name, path, fields, buf_memo):
     reg = jexport.deserialization_registry.get(name)
     if reg is not None:
@@ -258,6 +264,10 @@ def _lookup_namedtuple(name, path, fields, buf_memo):
     else:
         nt = resolve_namedtuple(name, fields)
         buf_memo.setdefault(FOUND_BY_NAME, []).append((nt, name))
+    if nt is not None and not is_namedtuple(nt):  # the payload's mistake
+        raise PayloadError(f"namedtuple type {name!r} names "
+                           f"{_kind_of(nt)} here, not a namedtuple",
+                           f"{path}.name")
     if not is_namedtuple(nt):
         raise UnregisteredError(
             f"namedtuple type {name!r} is neither registered (jax.export."
