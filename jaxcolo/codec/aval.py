@@ -320,20 +320,21 @@ def _decode_shape(reader, cols, i, extra, path):
     if not scope_ref:
         raise PayloadError("symbolic dims without a scope", f"{xpath}.scope")
     scope = reader.get("scopes", scope_ref - 1, f"{xpath}.scope")
-    it = iter(sym)
+    it = iter(enumerate(sym))
     shape = []
     for d in dims:
         if d != SYMBOLIC:
             shape.append(d)
             continue
-        text = next(it)
+        k, text = next(it)
         key = (text, scope_ref)
         dim = cols.parsed.get(key)
         if dim is None:
-            parsed = parse_shape(text, scope, x.buf, f"{xpath}.symbolic_dims")
+            at = f"{xpath}.symbolic_dims[{k}]"
+            parsed = parse_shape(text, scope, x.buf, at)
             if len(parsed) != 1 or not isinstance(parsed[0], _DimExpr):
                 raise PayloadError(f"{text[:200]!r} is not one symbolic "
-                                   "dimension", f"{xpath}.symbolic_dims")
+                                   "dimension", at)
             dim = cols.parsed[key] = parsed[0]
         shape.append(dim)
     return tuple(shape)
