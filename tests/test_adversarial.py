@@ -12,6 +12,7 @@ import json
 import os
 import re
 import struct
+import time
 import typing
 import zlib
 
@@ -1099,6 +1100,35 @@ def test_partition_spec_sharding_without_a_mesh_is_an_encode_error():
     with jax.set_mesh(mesh):
         assert jaxcolo.deserialize(jaxcolo.serialize([s]))[0].sharding == \
             jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+
+
+def test_partition_specs_longer_than_any_rank_are_refused(monkeypatch):
+    """K NamedShardings over K meshes sharing one PartitionSpec of L
+    entries: each built walks the spec, so decoding cost K x L in a
+    payload of about K + L/256 bytes (12 KB: 14 s; found by review).  A
+    spec has at most one entry per dimension, MAX_RANK: longer ones are
+    refused on both sides."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    assert sharding.MAX_SPEC_ENTRIES == aval.MAX_RANK
+    devs = np.array(jax.devices()).reshape(2, 2, 2)
+    ok = P(*([None] * aval.MAX_RANK))
+    obj = [NamedSharding(Mesh(devs, (f"a{i}", "b", "c")), ok) for i in range(3)]
+    assert jaxcolo.deserialize(jaxcolo.serialize(obj)) == obj
+    long = P(*([None] * (aval.MAX_RANK + 1)))
+    with pytest.raises(jaxcolo.EncodeError, match=r"PartitionSpec of 256 "
+                       r"entries: more than 255.* - at \$\[1\]"):
+        jaxcolo.serialize([ok, long])
+    monkeypatch.setattr(sharding, "MAX_SPEC_ENTRIES", 1 << 20)
+    data = jaxcolo.serialize(
+        [NamedSharding(Mesh(devs, (f"a{i}", "b", "c")), P(*([None] * 20_000)))
+         for i in range(200)])
+    monkeypatch.undo()
+    t0 = time.process_time()
+    with pytest.raises(jaxcolo.PayloadError, match=r"^20000 entries: more "
+                       r"than 255, the most dimensions an array has - at "
+                       r"\$\.partition_specs\[0\]\.entries$"):
+        jaxcolo.deserialize(data)
+    assert time.process_time() - t0 < 0.5
 
 
 def test_segment_announcements_are_checked():

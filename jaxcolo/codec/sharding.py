@@ -41,7 +41,18 @@ _SUBGROUP_MAXIMAL = xc.OpSharding.Type.MAXIMAL
 
 # ------------------------------------------------------------ partition spec
 
+# A PartitionSpec has an entry per array dimension it shards: at most
+# aval.MAX_RANK (aval imports this module).  Each NamedSharding built over a
+# shared spec walks its entries: a long spec shared by many shardings would
+# cost entries x shardings, out of proportion to the payload.
+MAX_SPEC_ENTRIES = 255
+
+
 def _spec_item(spec, path):
+    if len(spec._partitions) > MAX_SPEC_ENTRIES:
+        raise EncodeError(f"PartitionSpec of {len(spec._partitions)} entries:"
+                          f" more than {MAX_SPEC_ENTRIES}, the most "
+                          "dimensions an array has here", path)
     entries, counts, names = bytearray(), [], []
     for e in spec._partitions:
         if e is None:
@@ -87,6 +98,10 @@ _SPEC_CACHE: dict = {}
 
 def decode_partition_spec(reader, t, path):
     entries = t.bytes(LP.entries, path, "entries") or b""
+    if len(entries) > MAX_SPEC_ENTRIES:
+        raise PayloadError(f"{len(entries)} entries: more than "
+                           f"{MAX_SPEC_ENTRIES}, the most dimensions an array "
+                           "has", f"{path}.entries")
     counts = t.ints(LP.axes_counts, "u32", path, "axes_counts")
     names = t.strings(LP.axis_names, path, "axis_names")
     reduced = t.strings(LP.reduced, path, "reduced")
