@@ -843,3 +843,50 @@ def test_workers_import_what_the_controller_imports(tmp_path):
                              text=True, timeout=120, stdin=subprocess.DEVNULL)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split() == ["2.0"]
+
+
+_PYTEST_MODULE = """
+import jax, numpy as np, jaxcolo
+
+def plus_one(x):
+    return x + 1
+
+def test_call():
+    f = jaxcolo.colocated_python(plus_one).specialize(out_specs_fn=lambda x: x)
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+        assert float(f(jax.device_put(np.float32(1), jax.devices()[0]))) == 2.0
+"""
+
+_GONE_CWD_CONTROLLER = """
+import os, sys, tempfile, jax, numpy as np, jaxcolo
+d = tempfile.mkdtemp()
+os.chdir(d)
+os.rmdir(d)
+sys.path.insert(0, '')  # (as -c has it, then removed)
+f = jaxcolo.colocated_python(lambda x: x + 1).specialize(out_specs_fn=lambda x: x)
+with jaxcolo.ProcessExecutor(num_hosts=1) as ex, jaxcolo.use_executor(ex):
+    print(float(f(jax.device_put(np.float32(1), jax.devices()[0]))))
+"""
+
+
+def test_workers_find_modules_only_the_current_directory_holds(tmp_path):
+    """Regressions of keeping the current directory off workers' paths
+    (found by the second read): pytest's importlib mode imports test
+    modules by file, so a worker finds them only in the directory pytest
+    ran from (now last on its path); a controller whose current directory
+    was removed could not start workers at all (FileNotFoundError)."""
+    (tmp_path / "mytests").mkdir()
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "mytests" / "test_x.py").write_text(_PYTEST_MODULE)
+    env = dict(os.environ, PYTHONPATH=ROOT)  # (-P: as the pytest script)
+    out = subprocess.run(
+        [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "--import-mode=importlib", "mytests/test_x.py"], cwd=tmp_path,
+        env=env, capture_output=True, text=True, timeout=120,
+        stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", _GONE_CWD_CONTROLLER],
+                         env=env, capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["2.0"]

@@ -64,6 +64,21 @@ def worker_env() -> dict:
     return env
 
 
+def _worker_path() -> list:
+    """A worker's import path: this process's sys.path (its '' spelt out
+    as the current directory), then the current directory, last -- modules
+    only found there (pytest's importlib mode imports test modules by file)
+    are found, and never shadow what this process imports."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # removed: nothing to import from there
+        cwd = None
+    path = [p or cwd for p in sys.path if p or cwd]
+    if cwd is not None and cwd not in path:
+        path.append(cwd)
+    return path
+
+
 class LocalWorker:
     """One worker process standing for host ``host_index``."""
 
@@ -74,9 +89,8 @@ class LocalWorker:
         self.address = None
         self.listen = listen
         r, w = os.pipe()
-        # -P: no current directory on its path (-m would put it first);
-        # it imports from this process's sys.path (PYTHONPATH below), whose
-        # '' -- this process's current directory -- is spelt out
+        # -P: its current directory not first on its path (-m would put it
+        # there, shadowing what this process imports); see _worker_path
         cmd = [sys.executable, "-P", "-m", "jaxcolo.cli", "worker",
                "--listen", listen, "--authkey-file", "-",
                "--host-index", str(host_index), "--num-hosts", str(num_hosts),
@@ -89,7 +103,7 @@ class LocalWorker:
             cmd += ["--coordinator", coordinator]
         full_env = dict(os.environ if env is None else env)
         full_env["PYTHONPATH"] = os.pathsep.join(
-            [p or os.getcwd() for p in sys.path] +
+            _worker_path() +
             [p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
         full_env.setdefault("JAX_PLATFORMS", "cpu")
         try:
