@@ -1,5 +1,6 @@
 """Round trips of every spec kind and dtype through jaxcolo payloads."""
 
+import collections.abc
 import pickle
 
 import cloudpickle
@@ -316,6 +317,25 @@ def test_a_device_resolver_that_raises_is_named(error):
             jaxcolo.deserialize(jaxcolo.serialize(obj),
                                 device_resolver=resolver)
         assert info.value.__cause__ is error
+    class Flaky(collections.abc.Mapping):  # a mapping's get, the same
+        def __getitem__(self, k):
+            raise RuntimeError("resolver bug")
+
+        def get(self, k, default=None):
+            raise RuntimeError("resolver bug")
+
+        def __iter__(self):
+            return iter(())
+
+        def __len__(self):
+            return 0
+    for obj in (mesh, jax.sharding.SingleDeviceSharding(devs[1])):
+        with pytest.raises(jaxcolo.PayloadError, match=r"^the device resolver "
+                           r"raised RuntimeError\('resolver bug'\) for device "
+                           r"id \d - at \$\.(meshes|device_lists)\[0\]\."
+                           r"device_ids$") as info:
+            jaxcolo.deserialize(jaxcolo.serialize(obj), device_resolver=Flaky())
+        assert type(info.value.__cause__) is RuntimeError
     with pytest.raises(jaxcolo.PayloadError,  # a device leaf
                        match=r"raised ZeroDivisionError.* device id 5 - at "
                              r"\$\.devices") as info:

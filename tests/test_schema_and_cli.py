@@ -315,6 +315,35 @@ def test_arrays_past_what_is_unavailable_are_read_as_their_own_kind():
     assert not ok and "negative dimension -7" in why, why
 
 
+def test_leaf_references_past_what_is_unavailable_are_checked():
+    """Past a node this process cannot resolve, inspect and check never
+    looked at leaf_refs: one out of range passed as fine where it exists
+    (found by the second read)."""
+    import collections
+    import struct
+    import jaxcolo_fb as fb
+    from jaxcolo.checking import check_readable
+    Pair = collections.namedtuple("Pair", "a b")
+    Pair.__module__ = "jaxcolo_no_such_module"
+    jax.export.register_namedtuple_serialization(
+        Pair, serialized_name="tests.unregistered.Pair3")
+    data = bytearray(jaxcolo.serialize(Pair(
+        [jax.ShapeDtypeStruct((8,), np.float32),
+         jax.ShapeDtypeStruct((2,), np.int8)], None), compress=False))
+    from jax._src.export._export import deserialization_registry
+    del deserialization_registry["tests.unregistered.Pair3"]
+    st = fb.SpecTree.GetRootAs(bytes(data[16:]), 0)
+    at = 16 + st._tab.Vector(st._tab.Offset(8)) + 4  # leaf_refs[1]
+    assert struct.unpack_from("<I", data, at) == (1,)
+    struct.pack_into("<I", data, at, 99)
+    data[12:16] = zlib.crc32(bytes(data[16:])).to_bytes(4, "little")
+    with pytest.raises(jaxcolo.PayloadError, match=r"^reference 99 out of "
+                       r"range: structs has 2 entries - at \$\.leaf_refs\[1\]$"):
+        jaxcolo.inspect(bytes(data))
+    ok, why = check_readable(bytes(data), jaxcolo.SCHEMA_VERSION)
+    assert not ok and "leaf_refs[1]" in why, why
+
+
 def test_cli_refuses_non_regular_files_and_escapes_control_characters(
         tmp_path):
     r = _cli("inspect", "/dev/zero", check=False)

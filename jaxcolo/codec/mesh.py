@@ -142,9 +142,9 @@ def make_resolver(device_resolver=None) -> Resolver:
     Accepts None (default devices), a Mapping id -> Device, a sequence of
     devices (each standing for its own ``.id``; not indexed by position),
     or a callable id -> Device (returning None or raising
-    KeyError/LookupError for unknown ids; any other exception it raises is
-    a PayloadError naming the field resolved, with that exception as its
-    ``__cause__``).
+    KeyError/LookupError for unknown ids).  Any other exception a mapping's
+    ``get`` or the callable raises is a PayloadError naming the field
+    resolved, with that exception as its ``__cause__``.
     """
     if device_resolver is None:
         if not _DEFAULT:
@@ -152,10 +152,13 @@ def make_resolver(device_resolver=None) -> Resolver:
         return _DEFAULT[0]
     if isinstance(device_resolver, Resolver):
         return device_resolver
-    if isinstance(device_resolver, Mapping):
+    if type(device_resolver) is dict:  # (its get raises nothing for ids)
         return Resolver(device_resolver.get, False)
-    if callable(device_resolver):
-        def lookup(i, fn=device_resolver):
+    if isinstance(device_resolver, Mapping) or callable(device_resolver):
+        fn = device_resolver.get if isinstance(device_resolver, Mapping) \
+            else device_resolver
+
+        def lookup(i, fn=fn):
             try:
                 return fn(i)
             except LookupError:

@@ -367,6 +367,9 @@ def leaf_views(reader: core.Reader) -> dict:
     root = reader.root
     kinds = root.bytes(L.leaf_kinds, "$", "leaf_kinds") or b""
     refs = root.ints(L.leaf_refs, "u32", "$", "leaf_refs")
+    if len(kinds) != len(refs):
+        raise PayloadError(f"{len(kinds)} leaf_kinds but {len(refs)} "
+                           "leaf_refs", "$.leaf_kinds")
     views: dict = {}
     for i, (kind, ref) in enumerate(zip(kinds, refs)):
         table = core.KIND_TABLE.get(kind)
@@ -374,8 +377,13 @@ def leaf_views(reader: core.Reader) -> dict:
             raise PayloadError(f"unknown LeafKind value {kind}",
                                f"$.leaf_kinds[{i}]")
         codec = core.TABLES.get(table)
-        if codec is not None:
-            views.setdefault((codec.field, int(ref)), set()).add(table)
+        if codec is None:  # (devices, PRNG impls: checked where read)
+            continue
+        n = reader.count(table)
+        if not 0 <= ref < n:
+            raise PayloadError(f"reference {ref} out of range: {table} has "
+                               f"{n} entries", f"$.leaf_refs[{i}]")
+        views.setdefault((codec.field, int(ref)), set()).add(table)
     return views
 
 
