@@ -20,6 +20,7 @@ from jaxcolo.transport import channel as ch
 from jaxcolo.transport import listener as listener_mod
 from jaxcolo.transport.listener import Listener
 from jaxcolo.transport import handshake as hs
+from jaxcolo.transport import peer_segments
 
 KEY = b"test-key-123"
 
@@ -550,6 +551,44 @@ def test_removing_a_process_segments_skips_what_is_not_its_file():
         os.rmdir(planted)
         if os.path.exists(segment):
             os.unlink(segment)
+
+
+def test_a_peer_still_exiting_at_its_eof_has_its_segments_removed():
+    """A killed controller's connection may close before its process is a
+    zombie: the worker found it alive at the EOF and left the segments it
+    had made and not announced in tmpfs for good (a CI run under load).
+    Seen alive, it is watched for a while; one that lives on keeps them."""
+    import subprocess
+    import sys
+    from jaxcolo.transport import blobs
+    if not blobs.available():
+        pytest.skip("no /dev/shm")
+    child = subprocess.Popen([sys.executable, "-c", "import time; "
+                              "time.sleep(60)"])
+    try:
+        names = [f"jaxcolo-{child.pid}-t0k3n-c0-{i}" for i in (1, 2)]
+        for name in names:
+            with open(os.path.join(blobs.SHM_DIR, name), "wb") as f:
+                f.truncate(4096)
+        maps = peer_segments.SegmentMaps()
+        maps.add(1, names[0], 4096)  # seen; names[1] was never announced
+        maps.unlink_dead_owners()
+        time.sleep(0.3)  # alive: kept
+        assert all(os.path.exists(os.path.join(blobs.SHM_DIR, n))
+                   for n in names)
+        maps.clear()
+        child.kill()
+        child.wait(10)
+        deadline = time.monotonic() + peer_segments.OWNER_EXIT_WAIT
+        while any(os.path.exists(os.path.join(blobs.SHM_DIR, n))
+                  for n in names):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        child.kill()
+        child.wait(10)
+        for name in names:
+            blobs.unlink(name)
 
 
 def test_frames_come_out_whole_and_in_order():

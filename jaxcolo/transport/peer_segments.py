@@ -9,6 +9,7 @@ import ctypes
 import mmap
 import os
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -142,9 +143,19 @@ class SegmentMaps:
             if len(parts) >= 5 and parts[0] == "jaxcolo" and \
                     parts[1].isdigit():
                 pools.add((int(parts[1]), "-".join(parts[:4]) + "-"))
+        living = []
         for pid, prefix in pools:
-            if not procs.alive(pid):
+            if procs.alive(pid):
+                living.append((pid, prefix))
+            else:
                 unlink_prefixed(prefix)
+        if living:  # a killed process's connection may close before it is
+            try:    # a zombie: watch it for a while, off this thread
+                threading.Thread(target=_unlink_when_dead, args=(living,),
+                                 daemon=True,
+                                 name="jaxcolo-dead-owner-segments").start()
+            except RuntimeError:  # no thread (interpreter exit)
+                pass
 
     def clear(self) -> None:
         """Forget the segments (mappings in use live on; the others are
@@ -152,3 +163,20 @@ class SegmentMaps:
         with self._lock:
             self._segments.clear()
             self.names.clear()
+
+
+OWNER_EXIT_WAIT = 5.0  # seconds a peer seen alive at its EOF is watched
+
+
+def _unlink_when_dead(pools) -> None:
+    """Remove the segment files of ``pools`` ((pid, prefix)) whose owner
+    dies within OWNER_EXIT_WAIT seconds (one that lives on closed its
+    connection on purpose, and removes its own)."""
+    end = time.monotonic() + OWNER_EXIT_WAIT
+    while pools and time.monotonic() < end:
+        time.sleep(0.05)
+        for pool in list(pools):
+            if not procs.alive(pool[0]):
+                unlink_prefixed(pool[1])
+                pools.remove(pool)
+
