@@ -315,6 +315,24 @@ def test_body_pickles_devices_as_spec_payloads():
     assert list(moved["mesh"].devices) == [devs[4], devs[5]]
 
 
+def test_body_functions_keep_their_file_name():
+    """A host's traceback names the function's file (and shows its source
+    where the host has it): cloudpickle 3.1.3 writes ``<dynamic-code>``."""
+    def outer(x):
+        def inner(y):
+            return y + 1
+        return inner(x)
+
+    data = body_mod.dumps_body(outer)
+    loaded = pickle.loads(data)  # the standard library alone loads it
+    assert loaded(1) == 2
+    assert loaded.__code__.co_filename == __file__
+    inner_code = next(c for c in loaded.__code__.co_consts
+                      if hasattr(c, "co_filename"))
+    assert inner_code.co_filename == __file__
+    assert inner_code.co_name == "inner"
+
+
 def test_demo_shows_colocated_programs():
     from jaxcolo import demo
     buf = io.StringIO()

@@ -32,11 +32,13 @@ as in JAX.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import operator
 import pickle
 import sys
 import threading
+import types
 
 import cloudpickle
 import jax
@@ -76,7 +78,35 @@ class _BodyPickler(cloudpickle.Pickler):
     def reducer_override(self, obj):
         if isinstance(obj, _DEVICE_SPEC_TYPES):
             return _load_spec, (spec_tree.encode_spec_tree(obj, self.version),)
+        if type(obj) is types.CodeType:
+            return self._code_with_its_filename(obj)
         return super().reducer_override(obj)
+
+    def _code_with_its_filename(self, code):
+        """Code pickled by value keeps its file name (cloudpickle from 3.1.3
+        writes ``<dynamic-code>``): a host's traceback of the function then
+        names the file and, where the host has it, shows the source lines.
+        Loads with the standard library alone (``CodeType.replace``), so
+        any jaxcolo and cloudpickle read it."""
+        reduce = self.dispatch_table.get(types.CodeType)
+        if reduce is None:  # pragma: no cover - a cloudpickle without one
+            return NotImplemented
+        constructor, args = reduce(code)
+        return (functools.partial(types.CodeType.replace,
+                                  co_filename=code.co_filename),
+                (_PickledAs(constructor, args),))
+
+
+class _PickledAs:
+    """Pickles as ``constructor(*args)``."""
+
+    __slots__ = ("reduced",)
+
+    def __init__(self, constructor, args):
+        self.reduced = (constructor, args)
+
+    def __reduce__(self):
+        return self.reduced
 
 
 class _Carrying:
