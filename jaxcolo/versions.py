@@ -16,7 +16,7 @@ import operator
 
 from jaxcolo.errors import EncodeError
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 MIN_READABLE_VERSION = 1
 
 
@@ -139,6 +139,15 @@ HISTORY: tuple[VersionInfo, ...] = (
         # the field (reading the Exported as before), so it raises no
         # bundle's min reader: writers never require it.
         "export_bundle_exported_avals",
+    )),
+    VersionInfo(12, 1, (
+        # No schema change: a remote exception whose class pickles itself
+        # (OSError, ImportError, a class with its own __reduce__) pickles
+        # with its __cause__ and __context__ too (chain_exception); before
+        # 12 only those of classes keeping BaseException's pickling did,
+        # and controllers before 12 refuse chain_exception, so sessions
+        # before 12 leave such chains out.
+        "remote_exception_chain_any_class",
     )),
 )
 

@@ -134,3 +134,15 @@ def register_late():
 def register_late_here(x):
     register_late()
     return x
+
+
+class SelfReducing(Exception):
+    """An exception with its own ``__reduce__`` (the usual way to make one
+    with extra ``__init__`` arguments picklable)."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.code), self.__dict__

@@ -35,6 +35,7 @@ from jaxcolo.versions import FEATURE_SINCE
 
 _THIS = __name__
 _CAUSES_SINCE = FEATURE_SINCE["remote_exception_cause"]
+_ANY_CLASS_CHAINS_SINCE = FEATURE_SINCE["remote_exception_chain_any_class"]
 
 
 def _is_exception_class(obj) -> bool:
@@ -104,8 +105,8 @@ def rebuild_exception(cls, args, state, cause=None):
         raise pickle.UnpicklingError("not an exception")
     try:
         exc = cls(*args)
-    except Exception:  # noqa: BLE001 - __init__ wants other arguments
-        exc = cls.__new__(cls, *args)
+    except BaseException:  # noqa: BLE001 - __init__ wants other arguments
+        exc = cls.__new__(cls, *args)  # (or raises what it should not)
     exc.args = args
     context = None
     if state:
@@ -122,38 +123,84 @@ def rebuild_exception(cls, args, state, cause=None):
     return exc
 
 
+def chain_exception(exc, cause, context):
+    """``exc`` (an exception its class's own pickling rebuilt: an OSError,
+    an ImportError, one with its own ``__reduce__``) with ``__cause__``
+    ``cause`` and ``__context__`` unpickled from ``context`` (bytes or
+    None; refused: left out)."""
+    if not isinstance(exc, Exception):
+        raise pickle.UnpicklingError("not an exception")
+    if isinstance(context, bytes):
+        context = loads_exception(context)  # (None if refused)
+    if isinstance(context, BaseException):
+        exc.__context__ = context
+    if isinstance(cause, BaseException):
+        exc.__cause__ = cause
+    return exc
+
+
+class _Reduced:
+    """Pickles as the reduction ``reduced`` (of an exception its class
+    pickles)."""
+
+    __slots__ = ("reduced",)
+
+    def __init__(self, reduced):
+        self.reduced = reduced
+
+    def __reduce__(self):
+        return self.reduced
+
+
 def _default_pickling(cls) -> bool:
     return (cls.__reduce_ex__ is BaseException.__reduce_ex__ and
             cls.__reduce__ is BaseException.__reduce__ and
             getattr(cls, "__setstate__", None) is BaseException.__setstate__)
 
 
-class _ExceptionPickler(pickle.Pickler):
-    """Pickles exception classes by reference; exceptions rebuilt by
-    rebuild_exception keep their ``__cause__`` (if ``causes``) and their
-    ``__context__`` (if ``contexts``)."""
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
-    def __init__(self, out, causes: bool, contexts: bool = False):
-        super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
+
+class _ExceptionPickler(pickle.Pickler):
+    """Pickles exception classes by reference; exceptions keep their
+    ``__cause__`` (if ``causes``) and their ``__context__`` (if
+    ``contexts``): those rebuilt by rebuild_exception, and (if
+    ``any_class``) those their class's own pickling rebuilds, through
+    chain_exception."""
+
+    def __init__(self, out, causes: bool, contexts: bool = False,
+                 any_class: bool = False):
+        super().__init__(out, protocol=_PROTOCOL)
         self.causes = causes
         self.contexts = contexts and causes
+        self.any_class = any_class and causes
 
     def reducer_override(self, obj):
         if isinstance(obj, type) and issubclass(obj, BaseException):
             return _reference(obj)
-        if isinstance(obj, Exception) and _default_pickling(type(obj)):
-            state = getattr(obj, "__dict__", None) or None
-            cause = obj.__cause__ if self.causes else None
-            context = obj.__context__
-            if self.contexts and context is not None and \
-                    not obj.__suppress_context__:
-                pickled = _dumps(context, True, True)
-                if pickled is not None:
-                    state = dict(state or (), **{_CONTEXT: pickled})
-            if cause is None:  # (what controllers before version 7 take)
-                return rebuild_exception, (type(obj), obj.args, state)
-            return rebuild_exception, (type(obj), obj.args, state, cause)
-        return NotImplemented
+        if not isinstance(obj, Exception):
+            return NotImplemented
+        default = _default_pickling(type(obj))
+        if not default and not self.any_class:
+            return NotImplemented
+        cause = obj.__cause__ if self.causes else None
+        context = None
+        if self.contexts and obj.__context__ is not None and \
+                not obj.__suppress_context__:
+            context = _dumps(obj.__context__, True, True, self.any_class)
+        if not default:
+            if cause is None and context is None:
+                return NotImplemented
+            reduced = obj.__reduce_ex__(_PROTOCOL)
+            if not isinstance(reduced, tuple):
+                return NotImplemented  # (a global's name)
+            return chain_exception, (_Reduced(reduced), cause, context)
+        state = getattr(obj, "__dict__", None) or None
+        if context is not None:
+            state = dict(state or (), **{_CONTEXT: context})
+        if cause is None:  # (what controllers before version 7 take)
+            return rebuild_exception, (type(obj), obj.args, state)
+        return rebuild_exception, (type(obj), obj.args, state, cause)
 
 
 class _ExceptionUnpickler(pickle.Unpickler):
@@ -164,19 +211,23 @@ class _ExceptionUnpickler(pickle.Unpickler):
             return tracked_exception_class
         if module == _THIS and name == "rebuild_exception":
             return rebuild_exception
+        if module == _THIS and name == "chain_exception":
+            return chain_exception
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a "
                                      "remote exception")
 
 
-def _dumps(obj, causes: bool = False, contexts: bool = False
-           ) -> bytes | None:
-    """``obj`` pickled (with its exceptions' causes and contexts, if told),
-    or None if it does not pickle."""
+def _dumps(obj, causes: bool = False, contexts: bool = False,
+           any_class: bool = False) -> bytes | None:
+    """``obj`` pickled (with its exceptions' causes and contexts, if told:
+    also those of exceptions of any class, if ``any_class``), or None if
+    it does not pickle."""
     out = io.BytesIO()
     try:
-        _ExceptionPickler(out, causes, contexts).dump(obj)
-    except Exception:  # noqa: BLE001 - args that do not pickle, a cycle
-        return None    # of causes (RecursionError), ...
+        _ExceptionPickler(out, causes, contexts, any_class).dump(obj)
+    except BaseException:  # noqa: BLE001 - args that do not pickle, a
+        return None        # cycle of causes (RecursionError), a user's
+                           # __reduce__ raising SystemExit, ...
     return out.getvalue()
 
 
@@ -192,10 +243,12 @@ class _Clipped:
 
 def dumps_exception(e: BaseException, limit: int | None = None,
                     text: str | None = None,
-                    causes: bool = True) -> bytes | None:
+                    causes: bool = True,
+                    any_class: bool = True) -> bytes | None:
     """``e`` pickled for ``loads_exception`` with its causes and contexts
-    (unless told not: controllers before version 7 cannot rebuild them),
-    else without its contexts, else without both -- the first that pickles,
+    (unless told not: controllers before version 7 cannot rebuild them;
+    those of exceptions their own class pickles -- OSErrors, say -- unless
+    told not by ``any_class``: controllers before version 12 cannot), else without its contexts, else without both -- the first that pickles,
     fits in ``limit`` bytes and that ``loads_exception`` takes back (a
     context or cause holding what it refuses, numpy values say, costs only
     itself); None if none does (what the exception itself holds does not
@@ -206,7 +259,7 @@ def dumps_exception(e: BaseException, limit: int | None = None,
         else ((False, False),)
     too_large = False
     for with_causes, with_contexts in levels:
-        data = _dumps(e, with_causes, with_contexts)
+        data = _dumps(e, with_causes, with_contexts, any_class)
         if data is None:
             continue
         if limit is not None and len(data) > limit:
@@ -225,8 +278,9 @@ def loads_exception(data: bytes) -> BaseException | None:
     anything but exception classes known here (or is not an exception)."""
     try:
         exc = _ExceptionUnpickler(io.BytesIO(data)).load()
-    except Exception:  # noqa: BLE001 - any refusal: type name and text
-        return None
+    except BaseException:  # noqa: BLE001 - any refusal (or a user's
+        return None        # __init__ raising KeyboardInterrupt): type
+                           # name and text
     return exc if isinstance(exc, Exception) else None
 
 
@@ -270,7 +324,8 @@ def error_message(call_id: int, e: BaseException, where: str,
     text = _clip(_safely(lambda: str(e), f"<{t.__qualname__}: str() failed>"))
     # None: type name and text
     pickled = _safely(lambda: dumps_exception(
-        e, MAX_ERROR_PICKLE, text, version >= _CAUSES_SINCE), None)
+        e, MAX_ERROR_PICKLE, text, version >= _CAUSES_SINCE,
+        version >= _ANY_CLASS_CHAINS_SINCE), None)
     return Message(
         K.error, call_id=call_id,
         error_type=f"{t.__module__}.{t.__qualname__}",
@@ -289,9 +344,10 @@ def _clip(text: str) -> str:
 
 def _safely(make, fallback):
     """``make()``, or ``fallback`` if it raises (a user's exception whose
-    __str__ or pickling fails must still get its error reply out)."""
+    __str__ or pickling fails, even with SystemExit or KeyboardInterrupt,
+    must still get its error reply out)."""
     try:
         out = make()
-    except Exception:
+    except BaseException:  # noqa: BLE001 - the user's code raised it
         return fallback
     return out if isinstance(out, (str, bytes, type(None))) else fallback

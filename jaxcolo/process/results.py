@@ -148,7 +148,7 @@ class Call:
         if m.kind == MessageKind.error:
             try:
                 error = self._make_error(link, m)
-            except Exception as e:  # noqa: BLE001 - never lose the call
+            except BaseException as e:  # noqa: BLE001 - never lose the call
                 error = ExecutorError(f"{m.error_type}: {m.error_message} "
                                       f"(the error could not be rebuilt: "
                                       f"{e!r})")

@@ -1,0 +1,182 @@
+"""A function's exception, from the worker to the caller: chains of
+exceptions whose class pickles itself, and exceptions whose own methods
+raise SystemExit or KeyboardInterrupt while the worker reports them."""
+
+import pickle
+import threading
+
+import pytest
+
+import jaxcolo
+from jaxcolo import versions
+from jaxcolo.process import remote_errors
+from tests import colocated_types as ct
+from tests.colocated_support import cpu_devices, put
+
+
+def _raised(make):
+    try:
+        make()
+    except Exception as e:  # noqa: BLE001 - the exception under test
+        return e
+    raise AssertionError("nothing raised")
+
+
+def _file_missing_from_key():
+    try:
+        {}["config"]
+    except KeyError as e:
+        raise FileNotFoundError(2, "No such file", "cfg.toml") from e
+
+
+def _denied_while_handling():
+    try:
+        raise OSError(5, "disk")
+    except OSError:
+        raise PermissionError(13, "denied")
+
+
+def _module_missing_from_value():
+    try:
+        raise ValueError("inner")
+    except ValueError as e:
+        raise ModuleNotFoundError("No module named 'foo'", name="foo") from e
+
+
+def _self_reducing_from_key():
+    try:
+        {}["k"]
+    except KeyError as e:
+        raise ct.SelfReducing("bad", 7) from e
+
+
+CHAINS = {  # how each is raised -> (its __cause__'s, __context__'s type;
+    # a context that a cause suppresses does not travel, as for others)
+    "oserror cause": (_file_missing_from_key, KeyError, type(None)),
+    "oserror context": (_denied_while_handling, type(None), OSError),
+    "importerror cause": (_module_missing_from_value, ValueError, type(None)),
+    "own __reduce__ cause": (_self_reducing_from_key, KeyError, type(None)),
+}
+
+
+def _same(a, b):
+    assert type(a) is type(b) and a.args == b.args and str(a) == str(b)
+    assert getattr(a, "__dict__", {}) == getattr(b, "__dict__", {})
+
+
+@pytest.mark.parametrize("case", sorted(CHAINS))
+def test_chains_of_exceptions_their_class_pickles(case, monkeypatch):
+    """Exceptions whose class pickles itself (OSError, ImportError, own
+    __reduce__) came back without __cause__ and __context__; from v12 they
+    keep them.  Sessions before 12 leave them out, so their controllers
+    (which refuse chain_exception) still get the exception."""
+    make, cause, context = CHAINS[case]
+    e = _raised(make)
+    msg = remote_errors.error_message(1, e, "w", versions.SCHEMA_VERSION)
+    back = remote_errors.loads_exception(msg.error_pickle)
+    _same(back, e)
+    assert type(back.__cause__) is cause
+    assert type(back.__context__) is context
+    assert back.__suppress_context__ == e.__suppress_context__
+
+    old = remote_errors.error_message(1, e, "w", 11)
+    assert b"chain_exception" not in old.error_pickle
+    refuse = remote_errors._ExceptionUnpickler.find_class
+
+    def before_12(self, module, name):
+        if name == "chain_exception":
+            raise pickle.UnpicklingError("a controller before version 12")
+        return refuse(self, module, name)
+    monkeypatch.setattr(remote_errors._ExceptionUnpickler, "find_class",
+                        before_12)
+    back = remote_errors.loads_exception(old.error_pickle)
+    _same(back, e)
+    assert back.__cause__ is None and back.__context__ is None
+
+
+class _StrRaises(Exception):
+    def __init__(self, *args, what=SystemExit):
+        super().__init__(*args)
+        self.what = what
+
+    def __str__(self):
+        raise self.what
+
+
+class _Unpicklable:
+    def __init__(self, what):
+        self.what = what
+
+    def __reduce_ex__(self, protocol):
+        raise self.what
+
+
+@pytest.mark.parametrize("what", [SystemExit, KeyboardInterrupt])
+def test_an_error_reply_despite_base_exceptions_in_its_methods(what):
+    """An exception whose __str__ (or an arg's pickling) raised SystemExit
+    or KeyboardInterrupt while the worker made its error reply: the reply
+    was never sent and the call waited forever."""
+    for e in (_StrRaises("boom", what=what), ValueError(_Unpicklable(what))):
+        msg = remote_errors.error_message(1, e, "w", versions.SCHEMA_VERSION)
+        assert msg.error_type.endswith(type(e).__qualname__)
+        assert msg.error_traceback
+
+
+class _InitRaises(Exception):
+    def __init__(self, text):
+        if text == "rebuilt":
+            raise SystemExit  # only where it is rebuilt
+        super().__init__(text)
+
+
+def test_a_class_whose_init_raises_base_exceptions_where_rebuilt():
+    e = _InitRaises("made")
+    e.args = ("rebuilt",)
+    msg = remote_errors.error_message(1, e, "w", versions.SCHEMA_VERSION)
+    back = remote_errors.loads_exception(msg.error_pickle)
+    assert type(back) is _InitRaises and back.args == ("rebuilt",)
+
+
+def _call_within(f, x, seconds):
+    """What ``f(x)`` raised, failing (not hanging) past ``seconds``."""
+    out = []
+
+    def call():
+        try:
+            out.append(f(x))
+        except BaseException as e:  # noqa: BLE001 - under test
+            out.append(e)
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"no answer within {seconds} s: the call was lost"
+    return out[0]
+
+
+class StrInterrupts(Exception):
+    def __str__(self):
+        raise KeyboardInterrupt
+
+
+def _raise_str_interrupts(x):
+    raise StrInterrupts("boom")
+
+
+def test_process_executor_answers_and_keeps_chains():
+    with jaxcolo.ProcessExecutor(num_hosts=1) as ex, \
+            jaxcolo.use_executor(ex):
+        x = put(1, cpu_devices()[0])
+        f = jaxcolo.colocated_python(_raise_str_interrupts).specialize(
+            out_specs_fn=lambda x: x)
+        got = _call_within(f, x, 60)
+        assert type(got) is StrInterrupts and got.args == ("boom",)
+        assert "Remote traceback" in got.__notes__[0]
+
+        g = jaxcolo.colocated_python(
+            lambda x: _file_missing_from_key()).specialize(
+                out_specs_fn=lambda x: x)
+        with pytest.raises(FileNotFoundError, match="cfg.toml") as info:
+            g(x)
+        assert type(info.value.__cause__) is KeyError
+        ok = jaxcolo.colocated_python(lambda x: x + 1)
+        assert int(ok(x)) == 2
