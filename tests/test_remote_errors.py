@@ -180,3 +180,119 @@ def test_process_executor_answers_and_keeps_chains():
         assert type(info.value.__cause__) is KeyError
         ok = jaxcolo.colocated_python(lambda x: x + 1)
         assert int(ok(x)) == 2
+
+
+class _FetchError(OSError):
+    """Refers to itself through its request (a back-reference)."""
+
+    def __init__(self, errno, msg, request=None):
+        super().__init__(errno, msg)
+        self.request = request
+        if request is not None:
+            request["error"] = self
+
+
+class _Retried(Exception):
+    def __init__(self, attempt):
+        super().__init__(f"attempt {attempt}")
+        self.me = self
+
+
+def _retry(make, attempt, retries):
+    try:
+        raise make(attempt)
+    except Exception:
+        if attempt == retries:
+            raise
+        return _retry(make, attempt + 1, retries)  # its context: the last
+
+
+@pytest.mark.parametrize("make", [
+    lambda k: _FetchError(110, f"timed out ({k})", {"attempt": k}),
+    _Retried], ids=["own pickling", "default pickling"])
+def test_contexts_referring_back_are_pickled_once(make, monkeypatch):
+    """Each exception of a retry loop's context chain referring back to
+    itself: every re-entry pickled the context again, doubling the time
+    and memory with each retry (20 retries: 18 s, 1 GB)."""
+    retries = 14
+    e = _raised(lambda: _retry(make, 0, retries))
+    real, calls = remote_errors._dumps, []
+    monkeypatch.setattr(remote_errors, "_dumps",
+                        lambda *a: calls.append(1) or real(*a))
+    msg = remote_errors.error_message(1, e, "w", versions.SCHEMA_VERSION)
+    assert len(calls) <= 4 * (retries + 1)
+    back = remote_errors.loads_exception(msg.error_pickle)
+    assert type(back) is type(e) and back.args == e.args
+    chain = []
+    while back is not None:
+        chain.append(back)
+        back = back.__context__
+    if make is _Retried:
+        assert all(x.me is x for x in chain)
+    else:
+        assert len(chain) == retries + 1  # (state after memoization:
+        assert all(x.request["error"] is x for x in chain)  # refers back)
+
+
+class _Chained:
+    """Pickles as chain_exception naming ``context`` (one bytes object)."""
+
+    def __init__(self, context):
+        self.context = context
+
+    def __reduce__(self):
+        return remote_errors.chain_exception, (KeyError("k"), None,
+                                               self.context)
+
+
+def test_a_context_named_many_times_loads_once(monkeypatch):
+    """A worker's pickle naming one context pickle M times at each of K
+    levels made the controller load M**K of them (2 KB: hours, on the
+    thread that reads that host's replies)."""
+    data = remote_errors._dumps(ValueError("leaf"))
+    for _ in range(4):
+        data = remote_errors._dumps(ValueError([_Chained(data)
+                                                for _ in range(10)]))
+    loads = []
+
+    class Counting(remote_errors._ExceptionUnpickler):
+        def load(self):
+            loads.append(1)
+            return super().load()
+    monkeypatch.setattr(remote_errors, "_ExceptionUnpickler", Counting)
+    back = remote_errors.loads_exception(data)
+    assert type(back) is ValueError and len(back.args[0]) == 10
+    assert len(loads) <= 1 + 4 + 1
+
+
+def test_contexts_past_the_budget_are_left_out():
+    """Nested context pickles load within a budget proportional to the
+    reply's size; an honest chain fits, a context past it is dropped."""
+    e = _raised(lambda: _retry(lambda k: ValueError(f"attempt {k}"), 0, 60))
+    msg = remote_errors.error_message(1, e, "w", versions.SCHEMA_VERSION)
+    back, n = remote_errors.loads_exception(msg.error_pickle), 0
+    while back is not None:
+        n, back = n + 1, back.__context__
+    assert n == 61
+    data = remote_errors._dumps(ValueError("x" * (1 << 20)))
+    for _ in range(40):  # each level holds the next: 40 MiB to load
+        data = remote_errors._dumps(ValueError(_Chained(data)))
+    back, depth = remote_errors.loads_exception(data), 0
+    while back is not None:
+        depth, back = depth + 1, back.args[0].__context__
+    assert 30 <= depth < 40  # 32 MiB and 1 MiB: 33 levels
+
+
+def test_a_reply_cannot_change_the_allowed_functions():
+    """A pickle could set attributes of the functions the controller's
+    unpickler allows (BUILD on them): __defaults__ emptied, every later
+    exception without a cause came back as an ExecutorError."""
+    def short(b):
+        return b"\x8c" + bytes([len(b)]) + b
+    attack = (b"\x80\x04" + short(remote_errors.__name__.encode()) +
+              short(b"rebuild_exception") + b"\x93" + b"N}" +
+              short(b"__defaults__") + b")s\x86b0N.")
+    honest = remote_errors.dumps_exception(ValueError("honest"))
+    assert remote_errors.loads_exception(attack) is None
+    assert remote_errors.rebuild_exception.__defaults__ == (None,)
+    assert type(remote_errors.loads_exception(honest)) is ValueError

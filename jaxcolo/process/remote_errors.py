@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import threading
 import traceback
 
 from jaxcolo.codec.names import resolve_imported
@@ -169,11 +170,26 @@ class _ExceptionPickler(pickle.Pickler):
     chain_exception."""
 
     def __init__(self, out, causes: bool, contexts: bool = False,
-                 any_class: bool = False):
+                 any_class: bool = False, context_pickles=None):
         super().__init__(out, protocol=_PROTOCOL)
         self.causes = causes
         self.contexts = contexts and causes
         self.any_class = any_class and causes
+        # id(context) -> (context, its pickle; None while being made: a
+        # cycle), shared by the nested picklers of one dump: each context
+        # is pickled once, however often the objects refer back to it
+        self.context_pickles = {} if context_pickles is None \
+            else context_pickles
+
+    def _context_pickle(self, context) -> bytes | None:
+        made = self.context_pickles.get(id(context))
+        if made is not None:
+            return made[1]
+        self.context_pickles[id(context)] = (context, None)
+        pickled = _dumps(context, True, True, self.any_class,
+                         self.context_pickles)
+        self.context_pickles[id(context)] = (context, pickled)
+        return pickled
 
     def reducer_override(self, obj):
         if isinstance(obj, type) and issubclass(obj, BaseException):
@@ -187,14 +203,17 @@ class _ExceptionPickler(pickle.Pickler):
         context = None
         if self.contexts and obj.__context__ is not None and \
                 not obj.__suppress_context__:
-            context = _dumps(obj.__context__, True, True, self.any_class)
+            context = self._context_pickle(obj.__context__)
         if not default:
             if cause is None and context is None:
                 return NotImplemented
             reduced = obj.__reduce_ex__(_PROTOCOL)
-            if not isinstance(reduced, tuple):
+            if not isinstance(reduced, tuple) or len(reduced) < 2:
                 return NotImplemented  # (a global's name)
-            return chain_exception, (_Reduced(reduced), cause, context)
+            # its state, list and dict items follow (BUILD ...): by then
+            # the exception is memoized, so they may refer back to it
+            return (chain_exception,
+                    (_Reduced(reduced[:2]), cause, context), *reduced[2:])
         state = getattr(obj, "__dict__", None) or None
         if context is not None:
             state = dict(state or (), **{_CONTEXT: context})
@@ -203,28 +222,32 @@ class _ExceptionPickler(pickle.Pickler):
         return rebuild_exception, (type(obj), obj.args, state, cause)
 
 
+def _calling(fn):
+    """A new function calling ``fn``: what a pickle may set attributes of
+    (BUILD) is thrown away with it, never this module's own function."""
+    return lambda *args: fn(*args)
+
+
 class _ExceptionUnpickler(pickle.Unpickler):
+    _ALLOWED = frozenset({"exception_class", "tracked_exception_class",
+                          "rebuild_exception", "chain_exception"})
+
     def find_class(self, module, name):
-        if module == _THIS and name == "exception_class":
-            return exception_class
-        if module == _THIS and name == "tracked_exception_class":
-            return tracked_exception_class
-        if module == _THIS and name == "rebuild_exception":
-            return rebuild_exception
-        if module == _THIS and name == "chain_exception":
-            return chain_exception
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a "
-                                     "remote exception")
+        if module != _THIS or name not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed "
+                                         "in a remote exception")
+        return _calling(globals()[name])
 
 
 def _dumps(obj, causes: bool = False, contexts: bool = False,
-           any_class: bool = False) -> bytes | None:
+           any_class: bool = False, context_pickles=None) -> bytes | None:
     """``obj`` pickled (with its exceptions' causes and contexts, if told:
     also those of exceptions of any class, if ``any_class``), or None if
     it does not pickle."""
     out = io.BytesIO()
     try:
-        _ExceptionPickler(out, causes, contexts, any_class).dump(obj)
+        _ExceptionPickler(out, causes, contexts, any_class,
+                          context_pickles).dump(obj)
     except BaseException:  # noqa: BLE001 - args that do not pickle, a
         return None        # cycle of causes (RecursionError), a user's
                            # __reduce__ raising SystemExit, ...
@@ -248,7 +271,8 @@ def dumps_exception(e: BaseException, limit: int | None = None,
     """``e`` pickled for ``loads_exception`` with its causes and contexts
     (unless told not: controllers before version 7 cannot rebuild them;
     those of exceptions their own class pickles -- OSErrors, say -- unless
-    told not by ``any_class``: controllers before version 12 cannot), else without its contexts, else without both -- the first that pickles,
+    told not by ``any_class``: controllers before version 12 cannot),
+    else without its contexts, else without both -- the first that pickles,
     fits in ``limit`` bytes and that ``loads_exception`` takes back (a
     context or cause holding what it refuses, numpy values say, costs only
     itself); None if none does (what the exception itself holds does not
@@ -273,15 +297,53 @@ def dumps_exception(e: BaseException, limit: int | None = None,
     return data if data is not None and len(data) <= limit else None
 
 
+# Bytes of contexts one load may unpickle besides its own (contexts nest:
+# an honest chain of n contexts unpickles about n/2 times its size).
+_CONTEXT_BUDGET_FACTOR = 32
+_CONTEXT_BUDGET_BASE = 1 << 20
+
+_loading = threading.local()  # .state: the outermost load's _LoadState
+
+
+class _LoadState:
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.loaded: dict = {}  # id(context pickle) -> (it, its exception)
+
+
 def loads_exception(data: bytes) -> BaseException | None:
     """The exception ``dumps_exception`` wrote, or None when it names
-    anything but exception classes known here (or is not an exception)."""
+    anything but exception classes known here (or is not an exception).
+
+    The contexts it holds (pickles of their own, loaded as they are met)
+    are loaded once each, within a budget of bytes proportional to
+    ``data``'s size: past it, a context is left out (so a small pickle
+    naming one context many times over, or nesting them, cannot make this
+    process work for long)."""
+    state = getattr(_loading, "state", None)
+    outermost = state is None
+    if outermost:
+        state = _loading.state = _LoadState(
+            _CONTEXT_BUDGET_FACTOR * len(data) + _CONTEXT_BUDGET_BASE)
+    else:
+        seen = state.loaded.get(id(data))
+        if seen is not None:
+            return seen[1]
+        if len(data) > state.budget:
+            return None
+        state.budget -= len(data)
     try:
         exc = _ExceptionUnpickler(io.BytesIO(data)).load()
     except BaseException:  # noqa: BLE001 - any refusal (or a user's
-        return None        # __init__ raising KeyboardInterrupt): type
+        exc = None         # __init__ raising KeyboardInterrupt): type
                            # name and text
-    return exc if isinstance(exc, Exception) else None
+    finally:
+        if outermost:
+            _loading.state = None
+    exc = exc if isinstance(exc, Exception) else None
+    if not outermost:
+        state.loaded[id(data)] = (data, exc)
+    return exc
 
 
 def exception_from_reply(link, m) -> BaseException:
