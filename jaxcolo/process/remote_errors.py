@@ -215,6 +215,12 @@ class _ExceptionPickler(pickle.Pickler):
             return (chain_exception,
                     (_Reduced(reduced[:2]), cause, context), *reduced[2:])
         state = getattr(obj, "__dict__", None) or None
+        if self.any_class and state:
+            # its attributes follow (BUILD: setattr), once it is memoized,
+            # so they may refer back to it (sessions from 12)
+            return (rebuild_exception, (type(obj), obj.args, None if context
+                                        is None else {_CONTEXT: context},
+                                        cause), dict(state))
         if context is not None:
             state = dict(state or (), **{_CONTEXT: context})
         if cause is None:  # (what controllers before version 7 take)
