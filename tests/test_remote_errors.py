@@ -275,12 +275,12 @@ def test_contexts_past_the_budget_are_left_out():
         n, back = n + 1, back.__context__
     assert n == 61
     data = remote_errors._dumps(ValueError("x" * (1 << 20)))
-    for _ in range(40):  # each level holds the next: 40 MiB to load
+    for _ in range(64):  # each level holds the next: 64 MiB to load
         data = remote_errors._dumps(ValueError(_Chained(data)))
     back, depth = remote_errors.loads_exception(data), 0
     while back is not None:
         depth, back = depth + 1, back.args[0].__context__
-    assert 30 <= depth < 40  # 32 MiB and 1 MiB: 33 levels
+    assert 40 <= depth < 64  # 16 MiB and 32 MiB: 48 levels
 
 
 def test_a_reply_cannot_change_the_allowed_functions():
@@ -296,3 +296,77 @@ def test_a_reply_cannot_change_the_allowed_functions():
     assert remote_errors.loads_exception(attack) is None
     assert remote_errors.rebuild_exception.__defaults__ == (None,)
     assert type(remote_errors.loads_exception(honest)) is ValueError
+
+
+def test_a_huge_memo_index_costs_nothing():
+    """9 bytes naming memo index 2**24 made the C unpickler zero a table
+    of 2**25 entries (256 MB, 0.2 s; 2**30: 16 GB), per context pickle."""
+    import struct
+    import tracemalloc
+    bomb = b"\x80\x04Nr" + struct.pack("<I", 1 << 24) + b"."
+    data = remote_errors._dumps(ValueError([_Chained(bytes(bomb))
+                                            for _ in range(3)]))
+    tracemalloc.start()
+    try:
+        assert remote_errors.loads_exception(bomb) is None
+        back = remote_errors.loads_exception(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert type(back) is ValueError
+    assert peak < 8 << 20
+
+
+def test_a_long_honest_chain_comes_back_whole():
+    """A chain of 101 contexts of 1 KB each came back without its oldest
+    43 (the root cause) under a byte budget too tight for nesting."""
+    def attempt(k, last):
+        try:
+            raise RuntimeError(f"attempt {k} failed: " + "." * 1000)
+        except RuntimeError:
+            if k == last:
+                raise
+            attempt(k + 1, last)
+    e = _raised(lambda: attempt(0, 100))
+    msg = remote_errors.error_message(1, e, "w", versions.SCHEMA_VERSION)
+    back, n = remote_errors.loads_exception(msg.error_pickle), 1
+    while back.__context__ is not None:
+        n, back = n + 1, back.__context__
+    assert n == 101 and back.args[0].startswith("attempt 0 failed")
+
+
+class _ReadOnlyCode(Exception):
+    def __init__(self, msg, code):
+        super().__init__(msg)
+        self.__dict__["code"] = code
+
+    @property
+    def code(self):
+        return self.__dict__["code"]
+
+
+class _Immutable(Exception):
+    def __init__(self, msg, code):
+        super().__init__(msg)
+        object.__setattr__(self, "code", code)
+
+    def __setattr__(self, name, value):
+        if name == "code":
+            raise AttributeError("code is read-only")
+        super().__setattr__(name, value)
+
+
+@pytest.mark.parametrize("cls", [_ReadOnlyCode, _Immutable])
+def test_attributes_setattr_refuses_keep_their_chain(cls):
+    """v12 sets a default-pickled exception's attributes with setattr
+    (BUILD); one whose attributes setattr refuses lost its cause."""
+    def make():
+        try:
+            {}["cfg"]
+        except KeyError as e:
+            raise cls("bad config", 7) from e
+    e = _raised(make)
+    msg = remote_errors.error_message(1, e, "w", versions.SCHEMA_VERSION)
+    back = remote_errors.loads_exception(msg.error_pickle)
+    assert type(back) is cls and back.code == 7
+    assert type(back.__cause__) is KeyError

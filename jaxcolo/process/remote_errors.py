@@ -234,7 +234,13 @@ def _calling(fn):
     return lambda *args: fn(*args)
 
 
-class _ExceptionUnpickler(pickle.Unpickler):
+# The pure-Python unpickler: its memo is a dict, where the C one makes a
+# table as long as the largest memo index a pickle names (9 bytes asking
+# for 2**30 entries: 16 GB zeroed).
+_Unpickler = getattr(pickle, "_Unpickler", pickle.Unpickler)
+
+
+class _ExceptionUnpickler(_Unpickler):
     _ALLOWED = frozenset({"exception_class", "tracked_exception_class",
                           "rebuild_exception", "chain_exception"})
 
@@ -285,11 +291,14 @@ def dumps_exception(e: BaseException, limit: int | None = None,
     pickle or load: type name and text).  Over ``limit`` bytes at every
     level: its class with ``text`` as its only arg instead (None if that is
     over the limit too, or no text is given)."""
-    levels = ((True, True), (True, False), (False, False)) if causes \
-        else ((False, False),)
+    # (causes, contexts, any class's; the last: attributes set by BUILD)
+    levels = ((True, True, True), (True, True, False), (True, False, True),
+              (True, False, False), (False, False, False)) if causes and any_class \
+        else ((True, True, False), (True, False, False),
+              (False, False, False)) if causes else ((False, False, False),)
     too_large = False
-    for with_causes, with_contexts in levels:
-        data = _dumps(e, with_causes, with_contexts, any_class)
+    for with_causes, with_contexts, with_any_class in levels:
+        data = _dumps(e, with_causes, with_contexts, with_any_class)
         if data is None:
             continue
         if limit is not None and len(data) > limit:
@@ -304,9 +313,11 @@ def dumps_exception(e: BaseException, limit: int | None = None,
 
 
 # Bytes of contexts one load may unpickle besides its own (contexts nest:
-# an honest chain of n contexts unpickles about n/2 times its size).
+# an honest chain of n contexts unpickles about n/2 times its size), and
+# how many context pickles.
 _CONTEXT_BUDGET_FACTOR = 32
-_CONTEXT_BUDGET_BASE = 1 << 20
+_CONTEXT_BUDGET_BASE = 16 << 20
+_CONTEXT_LOADS = 1 << 16
 
 _loading = threading.local()  # .state: the outermost load's _LoadState
 
@@ -314,6 +325,7 @@ _loading = threading.local()  # .state: the outermost load's _LoadState
 class _LoadState:
     def __init__(self, budget: int):
         self.budget = budget
+        self.loads = _CONTEXT_LOADS
         self.loaded: dict = {}  # id(context pickle) -> (it, its exception)
 
 
@@ -322,10 +334,11 @@ def loads_exception(data: bytes) -> BaseException | None:
     anything but exception classes known here (or is not an exception).
 
     The contexts it holds (pickles of their own, loaded as they are met)
-    are loaded once each, within a budget of bytes proportional to
-    ``data``'s size: past it, a context is left out (so a small pickle
-    naming one context many times over, or nesting them, cannot make this
-    process work for long)."""
+    are loaded once each, within a budget of bytes (16 MiB plus 32 times
+    ``data``'s size) and of loads (65,536): past it, a context is left out.
+    With the pure-Python unpickler (work and memory linear in what it
+    reads), a small pickle naming one context many times over, nesting
+    them, or naming huge memo indices cannot make this process work long."""
     state = getattr(_loading, "state", None)
     outermost = state is None
     if outermost:
@@ -335,9 +348,10 @@ def loads_exception(data: bytes) -> BaseException | None:
         seen = state.loaded.get(id(data))
         if seen is not None:
             return seen[1]
-        if len(data) > state.budget:
+        if len(data) > state.budget or state.loads == 0:
             return None
         state.budget -= len(data)
+        state.loads -= 1
     try:
         exc = _ExceptionUnpickler(io.BytesIO(data)).load()
     except BaseException:  # noqa: BLE001 - any refusal (or a user's
