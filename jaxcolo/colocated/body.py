@@ -94,16 +94,18 @@ class _BodyPickler(cloudpickle.Pickler):
         constructor, args = reduce(code)
         return (functools.partial(types.CodeType.replace,
                                   co_filename=code.co_filename),
-                (_PickledAs(constructor, args),))
+                (PicklesAs((constructor, args)),))
 
 
-class _PickledAs:
-    """Pickles as ``constructor(*args)``."""
+class PicklesAs:
+    """Pickles as the reduction ``reduced`` (``(constructor, args, ...)``,
+    as ``__reduce__`` returns): lets a reducer wrap an object's own
+    reduction in another without pickling the object twice."""
 
     __slots__ = ("reduced",)
 
-    def __init__(self, constructor, args):
-        self.reduced = (constructor, args)
+    def __init__(self, reduced: tuple):
+        self.reduced = reduced
 
     def __reduce__(self):
         return self.reduced

@@ -30,6 +30,7 @@ import threading
 import traceback
 
 from jaxcolo.codec.names import resolve_imported
+from jaxcolo.colocated.body import PicklesAs
 from jaxcolo.errors import ExecutorError
 from jaxcolo.process.messages import Message, MessageKind as K
 from jaxcolo.versions import FEATURE_SINCE
@@ -115,13 +116,7 @@ def rebuild_exception(cls, args, state, cause=None):
             state = dict(state)
             context = state.pop(_CONTEXT)
         exc.__dict__.update(state)
-    if isinstance(context, bytes):
-        context = loads_exception(context)  # (None if refused)
-    if isinstance(context, BaseException):
-        exc.__context__ = context
-    if isinstance(cause, BaseException):
-        exc.__cause__ = cause
-    return exc
+    return chain_exception(exc, cause, context)
 
 
 def chain_exception(exc, cause, context):
@@ -138,19 +133,6 @@ def chain_exception(exc, cause, context):
     if isinstance(cause, BaseException):
         exc.__cause__ = cause
     return exc
-
-
-class _Reduced:
-    """Pickles as the reduction ``reduced`` (of an exception its class
-    pickles)."""
-
-    __slots__ = ("reduced",)
-
-    def __init__(self, reduced):
-        self.reduced = reduced
-
-    def __reduce__(self):
-        return self.reduced
 
 
 def _default_pickling(cls) -> bool:
@@ -213,7 +195,7 @@ class _ExceptionPickler(pickle.Pickler):
             # its state, list and dict items follow (BUILD ...): by then
             # the exception is memoized, so they may refer back to it
             return (chain_exception,
-                    (_Reduced(reduced[:2]), cause, context), *reduced[2:])
+                    (PicklesAs(reduced[:2]), cause, context), *reduced[2:])
         state = getattr(obj, "__dict__", None) or None
         if self.any_class and state:
             # its attributes follow (BUILD: setattr), once it is memoized,
